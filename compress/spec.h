@@ -1,0 +1,31 @@
+/* The parsed form of a codec spec string: "name:key=value,key=value". */
+#ifndef TERSE_COMPRESS_SPEC_H
+#define TERSE_COMPRESS_SPEC_H
+
+#include <stddef.h>
+
+#include "terse_plugin.h"
+
+#define TERSE_SPEC_MAX_OPTS 16
+#define TERSE_SPEC_MAX_TEXT 256
+
+struct terse_spec {
+    char text[TERSE_SPEC_MAX_TEXT]; /* a copy, split in place */
+    const char *name;
+    size_t nopts;
+    struct {
+        const char *key;
+        const char *value;
+        int used;
+    } opt[TERSE_SPEC_MAX_OPTS];
+    int ef; /* from ef=, consumed by the core */
+};
+
+/* Split `text` into name and options; checks only syntax (empty name,
+ * missing '=', empty value, duplicate key, too many options). */
+terse_status terse__spec_parse(const char *text, terse_spec *spec);
+
+/* The first option nobody consumed, or NULL. */
+const char *terse__spec_unused(const terse_spec *spec);
+
+#endif

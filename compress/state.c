@@ -1,0 +1,113 @@
+/* Codec state for checkpoints.
+ *
+ * Layout (little endian):
+ *   0  u32 magic "TRSS"      4  u32 version (1)
+ *   8  u32 codec id         12  u32 flags (bit 0: residual present)
+ *  16  u64 elements         24  u64 seed
+ *  32  u64 step             40  u64 tensor
+ *  48  u32 rank             52  u32 reserved (0)
+ *  56  u64 codec state length L
+ *  64  residual (elements * 4 bytes, when flagged), then L bytes of codec
+ *      state, then u32 CRC32C of everything before it. */
+#include <string.h>
+
+#include "common/bytes.h"
+#include "common/crc32c.h"
+#include "common/error.h"
+#include "compress/codec_internal.h"
+
+#define STATE_MAGIC 0x53535254u /* "TRSS" */
+#define STATE_VERSION 1u
+#define STATE_HEAD 64u
+
+static size_t plugin_state_size(const terse_codec *c) {
+    return c->ops.state_size ? c->ops.state_size(c->self) : 0;
+}
+
+size_t terse_codec_state_size(const terse_codec *c) {
+    if (!c) return 0;
+    return STATE_HEAD + (c->ef ? c->n * sizeof(float) : 0) + plugin_state_size(c) + 4;
+}
+
+terse_status terse_codec_state_save(const terse_codec *c, void *dst, size_t cap, size_t *len) {
+    if (!c || !dst || !len) return TERSE_ERROR(TERSE_ERR_INVALID, "NULL argument");
+    size_t need = terse_codec_state_size(c);
+    *len = 0;
+    if (cap < need)
+        return TERSE_ERROR(TERSE_ERR_DST_TOO_SMALL, "codec state needs %zu bytes, buffer has %zu",
+                           need, cap);
+    uint8_t *p = dst;
+    size_t ps = plugin_state_size(c);
+    memset(p, 0, STATE_HEAD);
+    terse__put_u32(p, STATE_MAGIC);
+    terse__put_u32(p + 4, STATE_VERSION);
+    terse__put_u32(p + 8, c->ops.id);
+    terse__put_u32(p + 12, c->ef ? 1u : 0u);
+    terse__put_u64(p + 16, c->n);
+    terse__put_u64(p + 24, c->seed);
+    terse__put_u64(p + 32, c->step);
+    terse__put_u64(p + 40, c->tensor);
+    terse__put_u32(p + 48, c->rank);
+    terse__put_u64(p + 56, ps);
+    size_t off = STATE_HEAD;
+    if (c->ef) {
+        memcpy(p + off, c->residual, c->n * sizeof(float));
+        off += c->n * sizeof(float);
+    }
+    if (ps) {
+        TERSE_CHECK(c->ops.state_save(c->self, p + off));
+        off += ps;
+    }
+    terse__put_u32(p + off, terse__crc32c_update(0, p, off));
+    *len = off + 4;
+    return TERSE_OK;
+}
+
+terse_status terse_codec_state_load(terse_codec *c, const void *src, size_t len) {
+    if (!c || (!src && len)) return TERSE_ERROR(TERSE_ERR_INVALID, "NULL argument");
+    const uint8_t *p = src;
+    if (len < STATE_HEAD + 4)
+        return TERSE_ERROR(TERSE_ERR_TRUNCATED, "codec state is %zu bytes, shorter than its header",
+                           len);
+    if (terse__get_u32(p) != STATE_MAGIC)
+        return TERSE_ERROR(TERSE_ERR_MAGIC, "not a terse codec state (bad magic at byte 0)");
+    if (terse__get_u32(p + 4) != STATE_VERSION)
+        return TERSE_ERROR(TERSE_ERR_VERSION, "codec state version %u; this library reads %u",
+                           terse__get_u32(p + 4), STATE_VERSION);
+    uint32_t id = terse__get_u32(p + 8), flags = terse__get_u32(p + 12);
+    uint64_t n = terse__get_u64(p + 16), seed = terse__get_u64(p + 24);
+    uint64_t ps = terse__get_u64(p + 56);
+    if (id != c->ops.id)
+        return TERSE_ERROR(TERSE_ERR_CODEC_MISMATCH, "state is of codec id %u, this codec is '%s' (%u)",
+                           id, c->ops.name, c->ops.id);
+    if (n != c->n)
+        return TERSE_ERROR(TERSE_ERR_SHAPE, "state is for %llu elements, this codec has %zu",
+                           (unsigned long long)n, c->n);
+    if (flags > 1 || terse__get_u32(p + 52) != 0)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "codec state has unknown flags or reserved bits");
+    if ((flags & 1u) != (c->ef ? 1u : 0u))
+        return TERSE_ERROR(TERSE_ERR_INVALID, "state was saved with ef=%u, this codec has ef=%d",
+                           flags & 1u, c->ef);
+    if (seed != c->seed)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "state was saved with seed=%llu, this codec has seed=%llu",
+                           (unsigned long long)seed, (unsigned long long)c->seed);
+    size_t want_ps = plugin_state_size(c);
+    if (ps != want_ps)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "codec state length %llu, expected %zu",
+                           (unsigned long long)ps, want_ps);
+    size_t need = terse_codec_state_size(c);
+    if (len < need)
+        return TERSE_ERROR(TERSE_ERR_TRUNCATED, "codec state is %zu bytes, expected %zu", len, need);
+    if (len > need)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "codec state is %zu bytes, expected %zu", len, need);
+    size_t body = need - 4;
+    if (terse__crc32c_update(0, p, body) != terse__get_u32(p + body))
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "codec state CRC32C mismatch");
+    size_t off = STATE_HEAD + (c->ef ? c->n * sizeof(float) : 0);
+    if (ps) TERSE_CHECK(c->ops.state_load(c->self, p + off, (size_t)ps));
+    if (c->ef) memcpy(c->residual, p + STATE_HEAD, c->n * sizeof(float));
+    c->step = terse__get_u64(p + 32);
+    c->tensor = terse__get_u64(p + 40);
+    c->rank = terse__get_u32(p + 48);
+    return TERSE_OK;
+}

@@ -1,0 +1,352 @@
+/*
+ * terse.h -- the public C ABI of terse, a library that makes data-parallel
+ * training send fewer bytes.
+ *
+ * This header is the manual. Every function states its contract, what it
+ * returns, and who owns what. Nothing here requires reading the sources.
+ *
+ * Conventions
+ *   - Public names start with terse_ / TERSE_. Everything else is private.
+ *   - Every fallible call returns a terse_status; TERSE_OK (0) is success.
+ *     On failure, terse_last_error() returns a sentence with context (which
+ *     codec, which spec token, which byte offset) for the calling thread.
+ *   - Objects are opaque handles with a create/free pair; free accepts NULL.
+ *   - No function keeps a pointer to a caller's buffer after it returns.
+ *
+ * Threading
+ *   A codec is used by one thread at a time. Different codecs may be used
+ *   from different threads at once; they share nothing mutable except the
+ *   codec registry, which is locked.
+ *
+ * Copyright 2026 the terse authors. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef TERSE_H
+#define TERSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define TERSE_API
+#elif defined(__GNUC__) || defined(__clang__)
+#define TERSE_API __attribute__((visibility("default")))
+#else
+#define TERSE_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                  */
+/* ------------------------------------------------------------------------ */
+
+#define TERSE_VERSION_MAJOR 0
+#define TERSE_VERSION_MINOR 1
+#define TERSE_VERSION_PATCH 0
+/* MAJOR*10000 + MINOR*100 + PATCH, comparable with terse_version(). */
+#define TERSE_VERSION_NUMBER \
+    (TERSE_VERSION_MAJOR * 10000 + TERSE_VERSION_MINOR * 100 + TERSE_VERSION_PATCH)
+
+/* The version of the library actually loaded, as TERSE_VERSION_NUMBER. */
+TERSE_API unsigned terse_version(void);
+/* The same as a static string, e.g. "0.1.0". */
+TERSE_API const char *terse_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Values are fixed forever: new codes are appended, none is renumbered.
+ * X(name, value, description) -- the same list generates the strings.
+ */
+#define TERSE_STATUS_LIST(X)                                                   \
+    X(TERSE_OK, 0, "success")                                                  \
+    X(TERSE_ERR_INVALID, 1, "invalid argument or spec string")                 \
+    X(TERSE_ERR_NOMEM, 2, "out of memory")                                     \
+    X(TERSE_ERR_TRUNCATED, 3, "message is shorter than its header says")       \
+    X(TERSE_ERR_CORRUPT, 4, "message is corrupt (checksum or field mismatch)") \
+    X(TERSE_ERR_VERSION, 5, "message has an unsupported format version")       \
+    X(TERSE_ERR_MAGIC, 6, "not a terse message (bad magic)")                   \
+    X(TERSE_ERR_CODEC_MISMATCH, 7, "message was made by a different codec")    \
+    X(TERSE_ERR_SHAPE, 8, "element count does not match the codec's shape")   \
+    X(TERSE_ERR_DST_TOO_SMALL, 9, "destination buffer is too small")           \
+    X(TERSE_ERR_EXISTS, 10, "a codec with that id or name already exists")    \
+    X(TERSE_ERR_NOT_FOUND, 11, "no such codec")                                \
+    X(TERSE_ERR_UNSUPPORTED, 12, "operation not supported")                    \
+    X(TERSE_ERR_INTERNAL, 13, "internal error (a bug in terse)")               \
+    X(TERSE_ERR_TIMEOUT, 14, "operation timed out")                            \
+    X(TERSE_ERR_PEER_LOST, 15, "a peer rank was lost")                         \
+    X(TERSE_ERR_TRANSPORT, 16, "transport (libfabric) error")                  \
+    X(TERSE_ERR_AUTH, 17, "authentication failed")                             \
+    X(TERSE_ERR_IO, 18, "input/output error")
+
+typedef enum terse_status {
+#define TERSE_STATUS_ENUM_(name, value, text) name = value,
+    TERSE_STATUS_LIST(TERSE_STATUS_ENUM_)
+#undef TERSE_STATUS_ENUM_
+} terse_status;
+
+/* A static, never-NULL description of a status ("unknown status" for values
+ * this version does not know). */
+TERSE_API const char *terse_strerror(terse_status status);
+
+/* The symbolic name of a status, e.g. "TERSE_ERR_CORRUPT". */
+TERSE_API const char *terse_status_name(terse_status status);
+
+/*
+ * A sentence describing the last error raised on the calling thread, with
+ * context (codec, spec token, byte offset, source location). Valid until the
+ * next terse call on this thread that fails; "" if none has failed.
+ */
+TERSE_API const char *terse_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Codecs                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A codec compresses one tensor of fp32 values, shaped rows x cols (row
+ * major; a vector is n x 1). It owns per-tensor state: the error-feedback
+ * residual, PowerSGD's warm-start factor, the random stream position. Keep
+ * one codec per parameter tensor (or bucket).
+ *
+ * Spec grammar (what a user types on a command line):
+ *
+ *     spec   := name [ ':' option { ',' option } ]
+ *     option := key '=' value
+ *
+ * Whitespace is not allowed. Keys may appear once. Every codec accepts
+ *     ef=0|1        error feedback (default 0): each encode sends C(g + e)
+ *                   and keeps e = (g + e) - D(C(g + e)).
+ * Codecs that draw random numbers also accept
+ *     seed=N        64-bit seed (default 0). Streams are keyed by
+ *                   (seed, step, tensor, rank); see terse_codec_set_stream.
+ *
+ * Built-in codecs (bits per element are nominal, excluding the 32-byte
+ * header):
+ *
+ *   none                  fp32 passthrough, the baseline. 32 bits.
+ *   fp16                  IEEE binary16, round to nearest even. 16 bits.
+ *                         Overflow becomes +-Inf, NaN stays (quiet) NaN,
+ *                         values below 2^-24 flush through subnormals to 0,
+ *                         exactly as the IEEE conversion does. Rel. error
+ *                         <= 2^-11 for normal-range values.
+ *   bf16                  bfloat16, round to nearest even. 16 bits. Same
+ *                         exponent range as fp32: only values within half
+ *                         an ulp of FLT_MAX round to Inf; NaN stays quiet
+ *                         NaN. Rel. error <= 2^-8.
+ *   int8:bucket=B         per-bucket absmax scale s = max|x|/127, q =
+ *                         round_even(x/s), deterministic. B in [8, 2^24],
+ *                         default 512. 8 + 32/B bits. |error| <= s/2.
+ *   qsgd:bits=b,bucket=B  QSGD. Per bucket: norm ||x||_2; each element is
+ *                         stochastically rounded to one of 2^b - 1
+ *                         symmetric levels {-L..L}/L * norm, L = 2^(b-1)-1,
+ *                         unbiased, b bits packed. b in [2, 8] (default 4),
+ *                         B in [8, 2^24] (default 512). Accepts seed=.
+ *   terngrad:bucket=B     TernGrad. Per bucket: scale s = max|x|; each
+ *                         element becomes s*sign(x) with probability |x|/s,
+ *                         else 0: unbiased, 2 bits packed. B default 512.
+ *                         Accepts seed=.
+ *   sign:bucket=B         scaled sign (EF-signSGD's compressor): 1 bit per
+ *                         element plus one fp32 scale per bucket, the mean
+ *                         |x| of the bucket. B default 1024. Biased: use
+ *                         with ef=1.
+ *   topk:ratio=r | k=K    the exact k largest magnitudes (k = max(1,
+ *                         round(r*n)) or K), selected in O(n) time. Ties
+ *                         go to the lower index; NaN counts as larger than
+ *                         Inf, Inf larger than any finite value. Indices
+ *                         are sent as delta varints or as a bitmap,
+ *                         whichever is smaller, then k fp32 values.
+ *                         r in (0, 1]. Biased: use with ef=1.
+ *   randk:ratio=r|k=K,unbiased=0|1
+ *                         k coordinates drawn from a counter-based RNG
+ *                         keyed by (seed, step, tensor) -- not rank -- so
+ *                         every rank draws the same indices and messages
+ *                         add linearly (summable). Stratified: the tensor
+ *                         is split into k nearly equal strata and one
+ *                         index is drawn uniformly from each. Only the
+ *                         values travel. unbiased=1 scales each value by
+ *                         its stratum size (E[D(E(x))] = x); unbiased=0
+ *                         sends them unscaled (a contraction, which is what
+ *                         error feedback wants). Default: unbiased=1, or 0
+ *                         when ef=1. Accepts seed=.
+ *   powersgd:rank=R       PowerSGD: one power iteration with a warm-started
+ *                         Q (P = M Q, orthonormalise P by QR, Q = M^T P);
+ *                         the message carries P (rows x R) and Q (cols x R)
+ *                         in fp32 and decodes to P Q^T. R in [1, 1024],
+ *                         default 4. Vectors, and matrices where (rows +
+ *                         cols) * R * 2 >= rows * cols, fall back to dense
+ *                         fp32 as PyTorch's PowerSGD hook does. Accepts
+ *                         seed= (initial Q).
+ *   vq:dim=d,bits=b       vector quantization: blocks of d coordinates are
+ *                         each mapped to the nearest (by angle) of 2^b
+ *                         fixed unit codewords, scaled by one least-squares
+ *                         gain per bucket of blocks. b/d bits per element
+ *                         (+32 per bucket), so below 1 bit per element when
+ *                         b < d. d in [2, 64] (default 8), b in [1, 12]
+ *                         (default 8). The codebook is generated from a
+ *                         fixed seed, identical on every machine, and never
+ *                         travels. See docs/codecs.md for its error.
+ *
+ * A bad spec fails with TERSE_ERR_INVALID and terse_last_error() names the
+ * offending token.
+ */
+typedef struct terse_codec terse_codec;
+
+/* The largest tensor a codec accepts: 2^36 elements (256 GiB of fp32). */
+#define TERSE_MAX_ELEMENTS ((uint64_t)1 << 36)
+
+/*
+ * Create a codec from a spec for a rows x cols tensor (rows, cols >= 1,
+ * rows * cols <= TERSE_MAX_ELEMENTS). All scratch memory that encode and
+ * decode need is allocated here: encode and decode allocate nothing.
+ * On success *out owns a codec to release with terse_codec_free; on failure
+ * *out is NULL.
+ */
+TERSE_API terse_status terse_codec_create(const char *spec, size_t rows,
+                                          size_t cols, terse_codec **out);
+
+/* Release a codec and its state. NULL is accepted and ignored. */
+TERSE_API void terse_codec_free(terse_codec *codec);
+
+/* The exact worst-case size in bytes of one encoded message, header
+ * included. A buffer of this size always suffices for terse_encode. */
+TERSE_API size_t terse_codec_bound(const terse_codec *codec);
+
+/* The number of elements (rows * cols) the codec is bound to. */
+TERSE_API size_t terse_codec_elements(const terse_codec *codec);
+
+/* The canonical spec of the codec, every option spelled out (e.g.
+ * "qsgd:bits=4,bucket=512,ef=0,seed=0"). Owned by the codec. */
+TERSE_API const char *terse_codec_spec(const terse_codec *codec);
+
+/*
+ * Random streams are keyed by (seed, step, tensor, rank). The step advances
+ * by one on every terse_encode. Set the tensor id (distinct per codec in a
+ * model, so two tensors do not share randomness) and this process's rank
+ * (so ranks round independently). Defaults: tensor 0, rank 0, step 0.
+ * randk ignores rank by design: its indices must agree across ranks.
+ */
+TERSE_API terse_status terse_codec_set_stream(terse_codec *codec,
+                                              uint64_t tensor, uint32_t rank);
+
+/* The current step (number of encodes so far, or as restored). */
+TERSE_API uint64_t terse_codec_step(const terse_codec *codec);
+
+/*
+ * Encode grad (terse_codec_elements() floats) into dst, which has cap bytes.
+ * On success *len is the message size (<= terse_codec_bound). With error
+ * feedback the residual is updated. Returns TERSE_ERR_DST_TOO_SMALL if cap
+ * may be too small (cap < terse_codec_bound) -- nothing is written and no
+ * state changes. grad and dst must not overlap.
+ */
+TERSE_API terse_status terse_encode(terse_codec *codec, const float *grad,
+                                    void *dst, size_t cap, size_t *len);
+
+/*
+ * Decode the message src[0..len) into dst (terse_codec_elements() floats):
+ *     accumulate == 0:  dst  = alpha * decoded
+ *     accumulate != 0:  dst += alpha * decoded
+ * The message must have been produced by a codec of the same spec and
+ * shape (on any rank). Everything is validated before use: a short buffer
+ * returns TERSE_ERR_TRUNCATED, a bad magic TERSE_ERR_MAGIC, an unknown
+ * format version TERSE_ERR_VERSION, another codec's message
+ * TERSE_ERR_CODEC_MISMATCH, a wrong element count TERSE_ERR_SHAPE, and a
+ * checksum or field inconsistency TERSE_ERR_CORRUPT. On any error dst may
+ * have been partially written only if the checksum matched (a crafted
+ * message); a message that fails its checksum never touches dst.
+ * Decoding does not change the codec's state.
+ */
+TERSE_API terse_status terse_decode(terse_codec *codec, const void *src,
+                                    size_t len, float *dst, float alpha,
+                                    int accumulate);
+
+/* What the collectives need to know about a codec. */
+typedef struct terse_codec_traits {
+    size_t size;           /* set to sizeof(terse_codec_traits) before the call */
+    uint32_t id;           /* registry id */
+    const char *name;      /* "topk", ... (static) */
+    int summable;          /* messages of equal shape add linearly (decoded sum
+                              == decode of element-wise summed payloads) */
+    int error_feedback;    /* ef=1 */
+    int randomized;        /* draws random numbers */
+    double bits_per_element; /* nominal, header excluded, at this shape */
+} terse_codec_traits;
+
+#define TERSE_CODEC_TRAITS_INIT {sizeof(terse_codec_traits), 0, NULL, 0, 0, 0, 0.0}
+
+/* Fill *traits (whose size field the caller set). */
+TERSE_API terse_status terse_codec_get_traits(const terse_codec *codec,
+                                              terse_codec_traits *traits);
+
+/*
+ * Codec state (error-feedback residual, warm-start factors, step, stream)
+ * as a self-checking byte string, for checkpoints. Loading it into a codec
+ * of the same spec and shape resumes bit-identically.
+ *   terse_codec_state_size: exact bytes terse_codec_state_save will write.
+ *   terse_codec_state_load: validates everything (magic, version, codec,
+ *   shape, length, checksum) before changing anything; on error the codec
+ *   is unchanged.
+ */
+TERSE_API size_t terse_codec_state_size(const terse_codec *codec);
+TERSE_API terse_status terse_codec_state_save(const terse_codec *codec,
+                                              void *dst, size_t cap,
+                                              size_t *len);
+TERSE_API terse_status terse_codec_state_load(terse_codec *codec,
+                                              const void *src, size_t len);
+
+/* Zero the error-feedback residual (if any); other state is kept. */
+TERSE_API void terse_codec_reset_residual(terse_codec *codec);
+
+/* ------------------------------------------------------------------------ */
+/* Wire format                                                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Every message starts with this 32-byte header, all fields little endian:
+ *
+ *   offset size field
+ *        0    4 magic            "TRS\x01" = 0x01535254
+ *        4    1 version          TERSE_WIRE_VERSION
+ *        5    1 flags            0 (reserved; nonzero is corrupt)
+ *        6    2 codec id         registry id of the producing codec
+ *        8    8 count            number of elements
+ *       16    8 payload length   bytes that follow the header
+ *       24    4 crc32c           CRC32C of the header (this field as 0) and
+ *                                the payload
+ *       28    4 reserved         0
+ */
+#define TERSE_WIRE_MAGIC 0x01535254u
+#define TERSE_WIRE_VERSION 1u
+#define TERSE_WIRE_HEADER_SIZE 32u
+
+typedef struct terse_wire_info {
+    uint32_t codec_id;
+    uint64_t count;
+    uint64_t payload_len;
+} terse_wire_info;
+
+/*
+ * Validate a message's header and checksum without decoding it (e.g. to
+ * route it). Returns the same statuses as terse_decode for header faults.
+ */
+TERSE_API terse_status terse_wire_inspect(const void *src, size_t len,
+                                          terse_wire_info *info);
+
+/* ------------------------------------------------------------------------ */
+/* Registry                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Number of registered codecs, and the name of the i-th (0-based, in id
+ * order), or NULL past the end. */
+TERSE_API size_t terse_codec_count(void);
+TERSE_API const char *terse_codec_name(size_t i);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TERSE_H */

@@ -1,0 +1,131 @@
+/*
+ * terse_plugin.h -- register your own codec.
+ *
+ * A codec is a function table (terse_codec_ops). The built-in codecs are
+ * registered through exactly this interface, so a plugin gets everything a
+ * built-in gets: spec parsing, the wire header and its checksum, error
+ * feedback (ef=1), state save/load, and the collectives.
+ *
+ * What terse does around your functions:
+ *   - parses the spec, hands you the options through terse_spec_get_*; any
+ *     option you did not read makes creation fail with TERSE_ERR_INVALID
+ *     naming it ("ef" is always taken by terse, "seed" when you declare
+ *     TERSE_CODEC_RANDOMIZED);
+ *   - writes and validates the 32-byte header (magic, version, id, count,
+ *     payload length, CRC32C), so your decode sees only a payload whose
+ *     checksum matched and whose length is <= your bound;
+ *   - implements error feedback by calling your encode and decode.
+ *
+ * What you must do:
+ *   - allocate all scratch in create: encode and decode must not allocate;
+ *   - in decode, trust nothing in the payload: check every count, index and
+ *     length against payload_len and the shape before using it, and return
+ *     TERSE_ERR_CORRUPT (with terse_plugin_error for the sentence) when a
+ *     field is inconsistent. The checksum only stops accidents, not a peer
+ *     that recomputes it.
+ *
+ * Copyright 2026 the terse authors. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef TERSE_PLUGIN_H
+#define TERSE_PLUGIN_H
+
+#include "terse.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Ids 1..0x7fff are reserved for terse's built-in codecs; plugins take ids in
+ * [TERSE_CODEC_ID_USER_MIN, TERSE_CODEC_ID_USER_MAX]. 0 is never valid. */
+#define TERSE_CODEC_ID_USER_MIN 0x8000u
+#define TERSE_CODEC_ID_USER_MAX 0xfffeu
+
+/* Codec flags. */
+#define TERSE_CODEC_SUMMABLE 0x1u   /* payloads of equal shape add linearly */
+#define TERSE_CODEC_RANDOMIZED 0x2u /* draws random numbers; accepts seed= */
+
+/* The parsed spec, as handed to create. Opaque. */
+typedef struct terse_spec terse_spec;
+
+/*
+ * Read option `key`. If it is absent, *out = dflt and TERSE_OK. If present,
+ * it must parse completely and lie in [min, max], otherwise
+ * TERSE_ERR_INVALID with a sentence naming the token. Reading marks the
+ * key as consumed.
+ */
+TERSE_API terse_status terse_spec_get_double(terse_spec *spec, const char *key,
+                                             double dflt, double min,
+                                             double max, double *out);
+TERSE_API terse_status terse_spec_get_u64(terse_spec *spec, const char *key,
+                                          uint64_t dflt, uint64_t min,
+                                          uint64_t max, uint64_t *out);
+/* Nonzero if option `key` was given (does not consume it). */
+TERSE_API int terse_spec_has(const terse_spec *spec, const char *key);
+/* Nonzero if the spec asked for error feedback (ef=1). */
+TERSE_API int terse_spec_error_feedback(const terse_spec *spec);
+
+/* Context of one encode. */
+typedef struct terse_encode_ctx {
+    size_t size;     /* sizeof(terse_encode_ctx) */
+    uint64_t seed;   /* from seed= (0 if not randomized) */
+    uint64_t step;   /* encodes before this one */
+    uint64_t tensor; /* from terse_codec_set_stream */
+    uint32_t rank;   /* from terse_codec_set_stream */
+} terse_encode_ctx;
+
+typedef struct terse_codec_ops {
+    size_t size;      /* sizeof(terse_codec_ops) of the header you built with */
+    uint32_t id;      /* unique; see the id ranges above */
+    const char *name; /* unique, [a-z0-9_]+, <= 31 chars; must outlive registration */
+    uint32_t flags;   /* TERSE_CODEC_* */
+
+    /* Parse options from spec, allocate state and all scratch for a rows x
+     * cols tensor, store it in *self. Canonical spec text for the options
+     * (e.g. "bits=4,bucket=512") is written to canon (cap bytes, "" if none). */
+    terse_status (*create)(terse_spec *spec, size_t rows, size_t cols,
+                           void **self, char *canon, size_t canon_cap);
+    void (*destroy)(void *self);
+
+    /* Worst-case payload bytes (header excluded). */
+    size_t (*bound)(const void *self);
+    /* Nominal bits per element, payload only. */
+    double (*bits_per_element)(const void *self);
+
+    /* Encode x (rows*cols floats) into payload (cap >= bound bytes). */
+    terse_status (*encode)(void *self, const terse_encode_ctx *ctx,
+                           const float *x, uint8_t *payload, size_t cap,
+                           size_t *payload_len);
+    /* dst (+)= alpha * decode(payload). payload_len <= bound, checksum ok. */
+    terse_status (*decode)(void *self, const uint8_t *payload,
+                           size_t payload_len, float *dst, float alpha,
+                           int accumulate);
+
+    /* Optional (NULL if stateless): codec-private state for checkpoints. */
+    size_t (*state_size)(const void *self);
+    terse_status (*state_save)(const void *self, uint8_t *dst);
+    terse_status (*state_load)(void *self, const uint8_t *src, size_t len);
+} terse_codec_ops;
+
+/*
+ * Register a codec. ops is copied (entries your header version does not
+ * know are treated as NULL; required entries: create, destroy, bound,
+ * encode, decode). Returns TERSE_ERR_EXISTS for a duplicate id or name,
+ * TERSE_ERR_INVALID for an id outside the user range (built-ins excepted)
+ * or a malformed table.
+ */
+TERSE_API terse_status terse_codec_register(const terse_codec_ops *ops);
+
+/* Record a sentence for terse_last_error() from inside a plugin, printf
+ * style, and return status (for `return terse_plugin_error(...)`). */
+TERSE_API terse_status terse_plugin_error(terse_status status, const char *fmt,
+                                          ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TERSE_PLUGIN_H */
