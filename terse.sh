@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# terse.sh -- the quick start: install what is missing, build, and run.
+#
+#   ./terse.sh bench   the main job (today: the codec comparison table)
+#   ./terse.sh test    the whole test suite (gcc build + clang ASan/UBSan build)
+#   ./terse.sh build   just configure and build into ./build
+#
+# Missing Debian packages are installed with apt-get when run as root;
+# otherwise the exact apt-get line is printed and the script stops.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+          libopenblas-dev liblapacke-dev libcriterion-dev zlib1g-dev libfabric-dev
+          libfabric-bin dataset-fashion-mnist gnuplot-nox binutils)
+
+usage() {
+    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+need_packages() {
+    local missing=() p
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -eq 0 ]; then
+        echo "terse.sh: installing ${missing[*]}" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "terse.sh: missing Debian packages. Run this, then run me again:" >&2
+        echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+}
+
+JOBS=$(nproc 2>/dev/null || echo 2)
+
+build() { # build DIR [cmake args...]
+    local dir=$1; shift
+    cmake -S . -B "$dir" -G Ninja -DTERSE_WERROR=ON "$@" >/dev/null
+    cmake --build "$dir" -j "$JOBS"
+}
+
+cmd=${1:-}
+case "$cmd" in
+    bench)
+        shift
+        need_packages
+        build build
+        exec ./build/bench/terse-bench codecs "$@"
+        ;;
+    test)
+        need_packages
+        echo "== gcc release build: unit tests, install check, smoke benchmark" >&2
+        build build
+        (cd build && ctest --output-on-failure -j 2)
+        echo "== clang build with AddressSanitizer + UndefinedBehaviorSanitizer" >&2
+        build build-asan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+              -DTERSE_SANITIZE=address,undefined
+        (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+            UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j 2)
+        echo "terse.sh test: all suites passed" >&2
+        ;;
+    build)
+        need_packages
+        build build
+        ;;
+    -h|--help|help)
+        usage
+        ;;
+    *)
+        usage >&2
+        exit 2
+        ;;
+esac
