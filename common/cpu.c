@@ -3,13 +3,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* clang 14's __builtin_cpu_supports does not know "f16c": read CPUID.1:ECX
+ * bit 29 directly (the AVX check below already covers OS support for ymm). */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 static unsigned detect(void) {
     unsigned f = 0;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) f |= TERSE_CPU_SSE42;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+        has_f16c())
         f |= TERSE_CPU_AVX2;
     if ((f & TERSE_CPU_AVX2) && __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&

@@ -10,5 +10,9 @@
 void terse__kernel_axpy_f32(float *dst, const uint8_t *src, size_t n, float alpha, int accumulate);
 void terse__kernel_axpy_f32_scalar(float *dst, const uint8_t *src, size_t n, float alpha,
                                    int accumulate);
+#if defined(__x86_64__)
+void terse__kernel_axpy_f32_avx2(float *dst, const uint8_t *src, size_t n, float alpha,
+                                 int accumulate);
+#endif
 
 #endif

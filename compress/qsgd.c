@@ -1,26 +1,61 @@
-/* qsgd: not implemented yet (stub: creation fails with UNSUPPORTED). */
+/* qsgd: QSGD (Alistarh et al., "QSGD: Communication-Efficient SGD via
+ * Gradient Quantization and Encoding", NeurIPS 2017), without the Elias
+ * coding: per bucket, the L2 norm in fp32 and each element stochastically
+ * rounded to one of 2L+1 levels {-L..L}/L * norm, L = 2^(bits-1) - 1, in
+ * `bits` bits. The payload layout, special buckets and validation are
+ * squant.h's; the per-element kernels are squant_kernels.h's. */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "common/error.h"
 #include "compress/codec_internal.h"
+#include "compress/squant.h"
 
-static terse_status stub_create(terse_spec *spec, size_t rows, size_t cols, void **self,
+static terse_status qsgd_create(terse_spec *spec, size_t rows, size_t cols, void **self,
                                 char *canon, size_t canon_cap) {
-    (void)spec; (void)rows; (void)cols; (void)self; (void)canon; (void)canon_cap;
-    return TERSE_ERROR(TERSE_ERR_UNSUPPORTED, "codec 'qsgd' is not implemented yet");
+    uint64_t bits, bucket;
+    TERSE_CHECK(terse_spec_get_u64(spec, "bits", 4, 2, 8, &bits));
+    TERSE_CHECK(terse_spec_get_u64(spec, "bucket", 512, 8, (uint64_t)1 << 24, &bucket));
+    terse__squant *q = malloc(sizeof *q);
+    if (!q) return TERSE_ERROR(TERSE_ERR_NOMEM, "allocating codec 'qsgd'");
+    terse__squant_init(q, "qsgd", rows * cols, (size_t)bucket, (unsigned)bits, TERSE_SQUANT_NORM2);
+    snprintf(canon, canon_cap, "bits=%u,bucket=%zu", q->bits, q->bucket);
+    *self = q;
+    return TERSE_OK;
 }
-static void stub_destroy(void *self) { (void)self; }
-static size_t stub_bound(const void *self) { (void)self; return 0; }
-static terse_status stub_encode(void *self, const terse_encode_ctx *ctx, const float *x,
+
+static void qsgd_destroy(void *self) { free(self); }
+
+static size_t qsgd_bound(const void *self) { return ((const terse__squant *)self)->payload; }
+
+static double qsgd_bits(const void *self) {
+    const terse__squant *q = self;
+    return 8.0 * (double)q->payload / (double)q->n;
+}
+
+static terse_status qsgd_encode(void *self, const terse_encode_ctx *ctx, const float *x,
                                 uint8_t *payload, size_t cap, size_t *len) {
-    (void)self; (void)ctx; (void)x; (void)payload; (void)cap; (void)len;
-    return TERSE_ERR_UNSUPPORTED;
+    (void)cap; /* the core guarantees cap >= bound, which is exact */
+    const terse__squant *q = self;
+    terse__squant_encode(q, ctx, x, payload);
+    *len = q->payload;
+    return TERSE_OK;
 }
-static terse_status stub_decode(void *self, const uint8_t *payload, size_t len, float *dst,
+
+static terse_status qsgd_decode(void *self, const uint8_t *payload, size_t len, float *dst,
                                 float alpha, int accumulate) {
-    (void)self; (void)payload; (void)len; (void)dst; (void)alpha; (void)accumulate;
-    return TERSE_ERR_UNSUPPORTED;
+    return terse__squant_decode(self, payload, len, dst, alpha, accumulate);
 }
+
 const terse_codec_ops terse__codec_qsgd = {
-    .size = sizeof(terse_codec_ops), .id = TERSE_ID_QSGD, .name = "qsgd",
-    .create = stub_create, .destroy = stub_destroy, .bound = stub_bound,
-    .encode = stub_encode, .decode = stub_decode,
+    .size = sizeof(terse_codec_ops),
+    .id = TERSE_ID_QSGD,
+    .name = "qsgd",
+    .flags = TERSE_CODEC_RANDOMIZED,
+    .create = qsgd_create,
+    .destroy = qsgd_destroy,
+    .bound = qsgd_bound,
+    .bits_per_element = qsgd_bits,
+    .encode = qsgd_encode,
+    .decode = qsgd_decode,
 };

@@ -1,26 +1,60 @@
-/* terngrad: not implemented yet (stub: creation fails with UNSUPPORTED). */
+/* terngrad: TernGrad (Wen et al., "TernGrad: Ternary Gradients to Reduce
+ * Communication in Distributed Deep Learning", NeurIPS 2017): per bucket the
+ * scale s = max|x| in fp32, and each element becomes s * sign(x) with
+ * probability |x| / s, else 0. That is QSGD's rounding with one level
+ * (L = 1) against the max norm instead of the L2 norm, so it runs on the
+ * same engine (squant.h) at 2 bits: code 0 = -s, 1 = 0, 2 = +s, 3 invalid. */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "common/error.h"
 #include "compress/codec_internal.h"
+#include "compress/squant.h"
 
-static terse_status stub_create(terse_spec *spec, size_t rows, size_t cols, void **self,
-                                char *canon, size_t canon_cap) {
-    (void)spec; (void)rows; (void)cols; (void)self; (void)canon; (void)canon_cap;
-    return TERSE_ERROR(TERSE_ERR_UNSUPPORTED, "codec 'terngrad' is not implemented yet");
+static terse_status terngrad_create(terse_spec *spec, size_t rows, size_t cols, void **self,
+                                    char *canon, size_t canon_cap) {
+    uint64_t bucket;
+    TERSE_CHECK(terse_spec_get_u64(spec, "bucket", 512, 8, (uint64_t)1 << 24, &bucket));
+    terse__squant *q = malloc(sizeof *q);
+    if (!q) return TERSE_ERROR(TERSE_ERR_NOMEM, "allocating codec 'terngrad'");
+    terse__squant_init(q, "terngrad", rows * cols, (size_t)bucket, 2, TERSE_SQUANT_ABSMAX);
+    snprintf(canon, canon_cap, "bucket=%zu", q->bucket);
+    *self = q;
+    return TERSE_OK;
 }
-static void stub_destroy(void *self) { (void)self; }
-static size_t stub_bound(const void *self) { (void)self; return 0; }
-static terse_status stub_encode(void *self, const terse_encode_ctx *ctx, const float *x,
-                                uint8_t *payload, size_t cap, size_t *len) {
-    (void)self; (void)ctx; (void)x; (void)payload; (void)cap; (void)len;
-    return TERSE_ERR_UNSUPPORTED;
+
+static void terngrad_destroy(void *self) { free(self); }
+
+static size_t terngrad_bound(const void *self) { return ((const terse__squant *)self)->payload; }
+
+static double terngrad_bits(const void *self) {
+    const terse__squant *q = self;
+    return 8.0 * (double)q->payload / (double)q->n;
 }
-static terse_status stub_decode(void *self, const uint8_t *payload, size_t len, float *dst,
-                                float alpha, int accumulate) {
-    (void)self; (void)payload; (void)len; (void)dst; (void)alpha; (void)accumulate;
-    return TERSE_ERR_UNSUPPORTED;
+
+static terse_status terngrad_encode(void *self, const terse_encode_ctx *ctx, const float *x,
+                                    uint8_t *payload, size_t cap, size_t *len) {
+    (void)cap; /* the core guarantees cap >= bound, which is exact */
+    const terse__squant *q = self;
+    terse__squant_encode(q, ctx, x, payload);
+    *len = q->payload;
+    return TERSE_OK;
 }
+
+static terse_status terngrad_decode(void *self, const uint8_t *payload, size_t len, float *dst,
+                                    float alpha, int accumulate) {
+    return terse__squant_decode(self, payload, len, dst, alpha, accumulate);
+}
+
 const terse_codec_ops terse__codec_terngrad = {
-    .size = sizeof(terse_codec_ops), .id = TERSE_ID_TERNGRAD, .name = "terngrad",
-    .create = stub_create, .destroy = stub_destroy, .bound = stub_bound,
-    .encode = stub_encode, .decode = stub_decode,
+    .size = sizeof(terse_codec_ops),
+    .id = TERSE_ID_TERNGRAD,
+    .name = "terngrad",
+    .flags = TERSE_CODEC_RANDOMIZED,
+    .create = terngrad_create,
+    .destroy = terngrad_destroy,
+    .bound = terngrad_bound,
+    .bits_per_element = terngrad_bits,
+    .encode = terngrad_encode,
+    .decode = terngrad_decode,
 };

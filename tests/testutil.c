@@ -2,7 +2,9 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/rng.h"
 
@@ -11,15 +13,22 @@ const char *const tu_specs[] = {
     "fp16",
     "bf16",
     "int8:bucket=512",
+    "int8:bucket=8", /* many buckets and a 1-element tail */
     "qsgd:bits=4,bucket=512",
     "qsgd:bits=8,bucket=128",
+    "qsgd:bits=2,bucket=8",
     "terngrad",
     "sign:bucket=1024",
+    "sign:bucket=64",
     "topk:ratio=0.01",
-    "topk:ratio=0.5",
+    "topk:ratio=0.5", /* the bitmap index encoding */
+    "topk:k=1",
     "randk:ratio=0.01",
+    "randk:ratio=0.3,unbiased=0",
     "powersgd:rank=4",
+    "powersgd:rank=16", /* (37 + 101) * 16 * 2 >= 37 * 101: dense fallback */
     "vq:dim=8,bits=8",
+    "vq:dim=3,bits=5", /* blocks straddle rows and the tail is partial */
 };
 const size_t tu_nspecs = sizeof tu_specs / sizeof tu_specs[0];
 
@@ -51,6 +60,38 @@ double tu_rel_err(const float *a, const float *b, size_t n) {
         s += (double)a[i] * a[i];
     }
     return s == 0 ? sqrt(d) : sqrt(d / s);
+}
+
+terse_codec *tu_create_or_skip(const char *spec, size_t rows, size_t cols) {
+    terse_codec *c = NULL;
+    terse_status s = terse_codec_create(spec, rows, cols, &c);
+    if (s == TERSE_ERR_UNSUPPORTED) {
+        fprintf(stderr, "WARNING: SKIPPED: codec '%s' is still a stub (%s)\n", spec,
+                terse_last_error());
+        return NULL;
+    }
+    cr_assert_eq(s, TERSE_OK, "create '%s' %zu x %zu: %s", spec, rows, cols, terse_last_error());
+    return c;
+}
+
+terse_codec *tu_create(const char *spec, size_t rows, size_t cols) {
+    terse_codec *c = NULL;
+    terse_status s = terse_codec_create(spec, rows, cols, &c);
+    cr_assert_eq(s, TERSE_OK, "create '%s' %zu x %zu: %s", spec, rows, cols, terse_last_error());
+    return c;
+}
+
+void tu_spec_with(char *buf, size_t cap, const char *spec, const char *opt) {
+    int w = snprintf(buf, cap, "%s%s%s", spec, strchr(spec, ':') ? "," : ":", opt);
+    cr_assert(w > 0 && (size_t)w < cap, "spec '%s' + '%s' does not fit", spec, opt);
+}
+
+static void free_params(struct criterion_test_params *p) { cr_free(p->params); }
+
+struct criterion_test_params tu_spec_params(void) {
+    size_t *idx = cr_malloc(tu_nspecs * sizeof *idx);
+    for (size_t i = 0; i < tu_nspecs; i++) idx[i] = i;
+    return cr_make_param_array(size_t, idx, tu_nspecs, free_params);
 }
 
 size_t tu_encode(terse_codec *c, const float *x, uint8_t **msg) {

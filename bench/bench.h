@@ -1,0 +1,63 @@
+/* bench.h -- what the terse-bench subcommands share: the command-line
+ * conventions, timing, and the synthetic gradient. terse-bench is a user of
+ * the public API (include/terse.h) only. */
+#ifndef TERSE_BENCH_H
+#define TERSE_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exit codes of every subcommand. */
+enum { BENCH_EXIT_OK = 0, BENCH_EXIT_RUNTIME = 1, BENCH_EXIT_USAGE = 2 };
+
+/* Subcommands: argv[0] is the subcommand name. Each returns an exit code. */
+int bench_codecs_main(int argc, char **argv);
+
+/* ---- command line (main.c) */
+
+/* Parse an element count: decimal digits with an optional K (x1024) or M
+ * (x1024^2) suffix, either case. Returns 0 and sets *n (> 0), or -1. */
+int bench_parse_count(const char *text, size_t *n);
+
+/* The shortest label bench_parse_count reads back as n: "64K", "16M",
+ * "1000". Writes into buf (cap >= 24). */
+const char *bench_count_label(size_t n, char *buf, size_t cap);
+
+/* ---- timing (measure.c) */
+
+/* Monotonic seconds. */
+double bench_now(void);
+
+/* Median of v[0..n) (n >= 1); reorders v. */
+double bench_median(double *v, size_t n);
+
+/* One timed operation; returns 0 on success, nonzero to abort timing. */
+typedef int (*bench_op)(void *arg);
+
+/*
+ * Time op: one warm-up call (not counted; skipped when warm_seconds >= 0,
+ * meaning the caller already made it and it took that long), then
+ * `repeats` samples. Small operations are called several times per sample
+ * so a sample lasts at least BENCH_MIN_SAMPLE_SECONDS (a call is never
+ * batched more than BENCH_MAX_BATCH times); samples[i] is the mean seconds
+ * per call in sample i. Returns 0, or op's nonzero result.
+ */
+#define BENCH_MIN_SAMPLE_SECONDS 0.005
+#define BENCH_MAX_BATCH 100000L
+int bench_time(bench_op op, void *arg, int repeats, double warm_seconds, double *samples);
+
+/* Time memcpy(dst, src, bytes) as bench_time does; dst and src must not
+ * overlap and should have been touched already. */
+void bench_time_memcpy(void *dst, const void *src, size_t bytes, int repeats, double *samples);
+
+/* 64-byte aligned allocation of at least `bytes` (rounded up); free() it.
+ * Returns NULL on failure. */
+void *bench_alloc(size_t bytes);
+
+/* ---- input (gradient.c) */
+
+/* Fill x[0..n) with a deterministic Gaussian-like sequence (mean 0,
+ * variance 1, tails cut at +-3.46) that depends only on seed and i. */
+void bench_gradient_fill(float *x, size_t n, uint64_t seed);
+
+#endif

@@ -1,0 +1,97 @@
+/* terse-bench: subcommand dispatch and the command-line conventions the
+ * subcommands share (exit codes, element counts). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <terse.h>
+
+#include "bench.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv); /* NULL: announced, not written yet */
+    const char *summary;
+} subcommand;
+
+static const subcommand subcommands[] = {
+    {"codecs", bench_codecs_main,
+     "every codec's compression ratio, error, and encode/decode speed vs memcpy"},
+    {"allreduce", NULL, "compressed collectives vs the dense ring (not implemented yet)"},
+    {"train", NULL, "accuracy against bytes on the wire (not implemented yet)"},
+};
+#define N_SUBCOMMANDS (sizeof subcommands / sizeof subcommands[0])
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: terse-bench SUBCOMMAND [OPTIONS]\n"
+            "       terse-bench SUBCOMMAND --help\n"
+            "       terse-bench --help | --version\n"
+            "\n"
+            "Benchmarks of the terse library, measured against this machine's memory\n"
+            "bandwidth in the same run.\n"
+            "\n"
+            "subcommands:\n");
+    for (size_t i = 0; i < N_SUBCOMMANDS; i++)
+        fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].summary);
+    fprintf(f, "\n"
+               "exit status: 0 ok, 1 runtime failure, 2 usage error.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "terse-bench: missing subcommand (try terse-bench --help)\n");
+        return BENCH_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return fflush(stdout) == 0 ? BENCH_EXIT_OK : BENCH_EXIT_RUNTIME;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+        printf("terse-bench %d.%d.%d (libterse %s loaded)\n", TERSE_VERSION_MAJOR,
+               TERSE_VERSION_MINOR, TERSE_VERSION_PATCH, terse_version_string());
+        return fflush(stdout) == 0 ? BENCH_EXIT_OK : BENCH_EXIT_RUNTIME;
+    }
+    for (size_t i = 0; i < N_SUBCOMMANDS; i++) {
+        if (strcmp(cmd, subcommands[i].name) != 0) continue;
+        if (!subcommands[i].run) {
+            fprintf(stderr, "terse-bench %s: not implemented yet\n", cmd);
+            return BENCH_EXIT_USAGE;
+        }
+        return subcommands[i].run(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "terse-bench: unknown %s '%s' (try terse-bench --help)\n",
+            cmd[0] == '-' ? "option" : "subcommand", cmd);
+    return BENCH_EXIT_USAGE;
+}
+
+int bench_parse_count(const char *text, size_t *n) {
+    if (!text || text[0] < '0' || text[0] > '9') return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno) return -1;
+    unsigned long long unit = 1;
+    if (*end == 'K' || *end == 'k') {
+        unit = 1024;
+        end++;
+    } else if (*end == 'M' || *end == 'm') {
+        unit = 1024 * 1024;
+        end++;
+    }
+    if (*end != '\0' || v == 0 || v > (unsigned long long)SIZE_MAX / unit) return -1;
+    *n = (size_t)(v * unit);
+    return 0;
+}
+
+const char *bench_count_label(size_t n, char *buf, size_t cap) {
+    if (n % (1024 * 1024) == 0)
+        snprintf(buf, cap, "%zuM", n / (1024 * 1024));
+    else if (n % 1024 == 0)
+        snprintf(buf, cap, "%zuK", n / 1024);
+    else
+        snprintf(buf, cap, "%zu", n);
+    return buf;
+}

@@ -1,0 +1,61 @@
+/* Bucketed stochastic quantization to 2L+1 symmetric levels: the engine
+ * shared by qsgd (scale = L2 norm of the bucket, L = 2^(bits-1) - 1) and
+ * terngrad (scale = max |x| of the bucket, bits = 2 so L = 1). A codec file
+ * parses its spec and hands the rest to these three calls.
+ *
+ * Payload (all little endian), for nb = ceil(n / B) buckets, the last one
+ * holding n - (nb-1)*B elements:
+ *     nb fp32 scales, bucket order
+ *     then per bucket ceil(len * bits / 8) code bytes (squant_kernels.h:
+ *     LSB-first, code = level + L, spare high bits of the last byte zero)
+ * so every bucket's codes start on a byte boundary and the payload size is
+ * a function of the shape alone.
+ *
+ * Element j of bucket b decodes to (scale_b / L) * level, and is encoded by
+ * rounding u = |x| / scale_b * L up with probability frac(u), using draw
+ * terse__rng_u32(terse__rng_subkey(key, b), j) with key =
+ * terse__rng_key(seed, step, tensor, rank). Unbiased up to the 24-bit
+ * resolution of that draw.
+ *
+ * Special buckets:
+ *   - all zeros (+0 or -0): scale 0, every level 0; decodes to zeros.
+ *   - a NaN or Inf anywhere in the bucket, or (qsgd) a norm that overflows
+ *     fp32: scale is the quiet NaN 0x7fc00000, every level 0; the whole
+ *     bucket decodes to NaN, so overflow stays visible downstream (as a
+ *     loss scaler expects) without poisoning other buckets.
+ * Decode rejects with TERSE_ERR_CORRUPT: a payload of the wrong length, a
+ * scale with its sign bit set, the all-ones code 2^bits - 1, and nonzero
+ * spare bits. Any other scale (Inf, NaN) decodes to Inf/NaN values. */
+#ifndef TERSE_COMPRESS_SQUANT_H
+#define TERSE_COMPRESS_SQUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "terse_plugin.h"
+
+typedef enum { TERSE_SQUANT_NORM2, TERSE_SQUANT_ABSMAX } terse__squant_scale;
+
+typedef struct terse__squant {
+    const char *name; /* codec name, for error sentences */
+    terse__squant_scale scale;
+    unsigned bits, levels; /* levels = L */
+    size_t n, bucket, nbuckets, last; /* last: elements in the last bucket */
+    size_t stride;                    /* code bytes of a full bucket */
+    size_t payload;                   /* exact payload bytes */
+} terse__squant;
+
+/* Lay out a codec for n >= 1 elements, buckets of `bucket` >= 1 (< 2^32)
+ * elements, bits in [2, 8]. */
+void terse__squant_init(terse__squant *q, const char *name, size_t n, size_t bucket, unsigned bits,
+                        terse__squant_scale scale);
+
+/* Write exactly q->payload bytes. */
+void terse__squant_encode(const terse__squant *q, const terse_encode_ctx *ctx, const float *x,
+                          uint8_t *payload);
+
+/* dst (+)= alpha * decoded, after checking everything listed above. */
+terse_status terse__squant_decode(const terse__squant *q, const uint8_t *payload, size_t len,
+                                  float *dst, float alpha, int accumulate);
+
+#endif

@@ -1,0 +1,320 @@
+/* terngrad: each element becomes s*sign(x) with probability |x|/s, else 0,
+ * with s = max|x| per bucket. It runs on the same engine and kernels as
+ * qsgd (test_qsgd.c compares those kernels across SIMD levels at every
+ * width, 2 bits included); here: the scale, the ternary grid, and the
+ * codec's own contract. Fixed seeds throughout. */
+#include <criterion/criterion.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/bytes.h"
+#include "common/cpu.h"
+#include "compress/codec_internal.h"
+#include "compress/squant_kernels.h"
+#include "compress/wire.h"
+#include "testutil.h"
+
+static terse_codec *make(const char *spec, size_t n) {
+    terse_codec *c = NULL;
+    cr_assert_eq(terse_codec_create(spec, n, 1, &c), TERSE_OK, "%s: %s", spec, terse_last_error());
+    return c;
+}
+
+static float wire_scale(const uint8_t *msg, size_t b) {
+    return terse__get_f32(msg + TERSE_WIRE_HEADER_SIZE + 4 * b);
+}
+
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float absmax(const float *x, size_t n) {
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+    return m;
+}
+
+Test(terngrad, canonical_spec_traits_and_exact_bound) {
+    terse_codec *c = make("terngrad", 1000);
+    cr_expect_str_eq(terse_codec_spec(c), "terngrad:bucket=512,ef=0,seed=0");
+    /* 2 fp32 scales, then 128 + 122 bytes of 2-bit codes */
+    cr_expect_eq(terse_codec_bound(c), 32 + 8 + 128 + 122);
+    terse_codec_traits t = TERSE_CODEC_TRAITS_INIT;
+    cr_assert_eq(terse_codec_get_traits(c, &t), TERSE_OK);
+    cr_expect(t.randomized);
+    cr_expect(!t.summable);
+    terse_codec_free(c);
+}
+
+static void expect_bad_spec(const char *spec, const char *token) {
+    terse_codec *c = (terse_codec *)1;
+    terse_status st = terse_codec_create(spec, 100, 1, &c);
+    cr_expect_eq(st, TERSE_ERR_INVALID, "spec '%s' gave %s", spec, terse_status_name(st));
+    cr_expect_null(c);
+    cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': error '%s' lacks '%s'", spec,
+                       terse_last_error(), token);
+}
+
+Test(terngrad, bad_specs_are_invalid_and_name_the_token) {
+    expect_bad_spec("terngrad:bucket=7", "bucket=7");
+    expect_bad_spec("terngrad:bucket=0", "bucket=0");
+    expect_bad_spec("terngrad:bucket=16777217", "bucket=16777217");
+    expect_bad_spec("terngrad:bits=2", "bits");
+}
+
+/* Sum over coordinates of sign(x)*(mean - x), over its standard error. */
+static double magnitude_bias_z(const double *mean, const float *x, const double *var, size_t n,
+                               int T) {
+    double agg = 0, v = 0;
+    for (size_t i = 0; i < n; i++) {
+        agg += x[i] < 0 ? x[i] - mean[i] : mean[i] - x[i];
+        v += var[i] / T;
+    }
+    return agg / sqrt(v);
+}
+
+/* Largest |mean - x| over its standard error, among coordinates with
+ * variance; zero-variance coordinates must be exact (else +Inf). */
+static double worst_coordinate_z(const double *mean, const float *x, const double *var, size_t n,
+                                 int T) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(mean[i] - x[i]);
+        if (var[i] > 0)
+            worst = fmax(worst, d / sqrt(var[i] / T));
+        else if (d > 1e-6 * fabs(x[i]))
+            return INFINITY;
+    }
+    return worst;
+}
+
+Test(terngrad, is_unbiased_over_many_steps_and_the_check_rejects_biased_rounding) {
+    enum { N = 600, B = 200, T = 3000 };
+    static float x[N], y[N];
+    static double mean[N], var[N], alt[N];
+    tu_fill_gauss(x, N, 21);
+    x[7] = 0.0f;
+    terse_codec *c = make("terngrad:bucket=200,seed=4", N);
+    size_t cap = terse_codec_bound(c), len;
+    uint8_t *msg = malloc(cap);
+    for (int t = 0; t < T; t++) {
+        cr_assert_eq(terse_encode(c, x, msg, cap, &len), TERSE_OK);
+        cr_assert_eq(terse_decode(c, msg, len, y, 1.0f, 0), TERSE_OK);
+        for (size_t i = 0; i < N; i++) mean[i] += y[i] / (double)T;
+    }
+    for (size_t i = 0; i < N; i++) {
+        double s = wire_scale(msg, i / B), a = fabs((double)x[i]);
+        var[i] = a * (s - a); /* Bernoulli(|x|/s) scaled by s */
+    }
+    double z = magnitude_bias_z(mean, x, var, N, T), w = worst_coordinate_z(mean, x, var, N, T);
+    cr_expect(fabs(z) < 4.5, "aggregate bias z = %.2f", z);
+    /* 600 coordinates: a 5-sigma maximum is already unlikely by chance */
+    cr_expect(w < 5.5, "worst coordinate is %.2f standard errors off", w);
+    /* Rounding with probability (|x|/s)^0.9 -- slightly too often -- and
+     * floor rounding (never up unless |x| = s) both fail the same checks. */
+    for (size_t i = 0; i < N; i++) {
+        double s = wire_scale(msg, i / B), p = fabs((double)x[i]) / s;
+        alt[i] = copysign(s * pow(p, 0.9), x[i]);
+    }
+    cr_expect(fabs(magnitude_bias_z(alt, x, var, N, T)) >= 4.5, "a 10%% biased rounding passed");
+    for (size_t i = 0; i < N; i++)
+        alt[i] = fabs(x[i]) == wire_scale(msg, i / B) ? x[i] : 0.0;
+    cr_expect(fabs(magnitude_bias_z(alt, x, var, N, T)) >= 4.5, "floor rounding passed");
+    free(msg);
+    terse_codec_free(c);
+}
+
+Test(terngrad, variance_equals_the_ternary_formula) {
+    enum { N = 512, T = 1000 };
+    static float x[N], y[N];
+    tu_fill_gauss(x, N, 22);
+    terse_codec *c = make("terngrad:seed=1", N);
+    size_t cap = terse_codec_bound(c), len;
+    uint8_t *msg = malloc(cap);
+    double sum = 0, sum2 = 0;
+    for (int t = 0; t < T; t++) {
+        cr_assert_eq(terse_encode(c, x, msg, cap, &len), TERSE_OK);
+        cr_assert_eq(terse_decode(c, msg, len, y, 1.0f, 0), TERSE_OK);
+        double e = 0;
+        for (size_t i = 0; i < N; i++) e += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+        sum += e;
+        sum2 += e * e;
+    }
+    double mse = sum / T, se = sqrt((sum2 / T - mse * mse) / T), s = wire_scale(msg, 0), want = 0;
+    for (size_t i = 0; i < N; i++) want += fabs((double)x[i]) * (s - fabs((double)x[i]));
+    cr_expect(fabs(mse - want) <= 5 * se, "mse %g, E||Q(x)-x||^2 = sum |x|(s-|x|) = %g (se %g)",
+              mse, want, se);
+    free(msg);
+    terse_codec_free(c);
+}
+
+Test(terngrad, values_are_minus_s_zero_or_s_with_s_the_exact_bucket_max) {
+    enum { B = 64, N = 4 * B + 9 };
+    float x[N], y[N];
+    tu_fill_gauss(x, N, 23);
+    for (size_t i = B; i < 2 * B; i++) x[i] = (i & 1) ? -0.0f : 0.0f; /* zero bucket */
+    terse_codec *c = make("terngrad:bucket=64", N);
+    uint8_t *msg;
+    size_t len = tu_encode(c, x, &msg);
+    cr_assert_eq(len, 32 + 5 * 4 + 4 * 16 + 3, "the short last bucket takes ceil(9/4) bytes");
+    cr_assert_eq(terse_decode(c, msg, len, y, 1.0f, 0), TERSE_OK);
+    for (size_t b = 0; b < 5; b++) {
+        size_t lo = b * B, hi = lo + B < N ? lo + B : N;
+        float s = wire_scale(msg, b);
+        cr_assert_eq(f2u(s), f2u(absmax(x + lo, hi - lo)), "bucket %zu scale %a", b, (double)s);
+        for (size_t i = lo; i < hi; i++) {
+            cr_assert(y[i] == 0 || y[i] == copysignf(s, x[i]), "element %zu: %g from %g, s %g", i,
+                      (double)y[i], (double)x[i], (double)s);
+            if (fabsf(x[i]) == s) cr_assert_eq(y[i], x[i], "the max element %zu is kept", i);
+        }
+    }
+    for (size_t i = B; i < 2 * B; i++) cr_assert_eq(y[i], 0.0f);
+    free(msg);
+    terse_codec_free(c);
+}
+
+Test(terngrad, non_finite_buckets_decode_to_nan_and_leave_others_alone) {
+    enum { B = 8, N = 4 * B };
+    float x[N], y[N];
+    tu_fill_gauss(x, N, 24);
+    x[1] = -INFINITY;
+    x[2 * B + 3] = NAN;
+    x[3 * B] = FLT_MAX; /* finite: s = FLT_MAX is fine for terngrad */
+    terse_codec *c = make("terngrad:bucket=8", N);
+    uint8_t *msg;
+    size_t len = tu_encode(c, x, &msg);
+    cr_assert_eq(terse_decode(c, msg, len, y, 1.0f, 0), TERSE_OK);
+    for (size_t i = 0; i < N; i++) {
+        int bad = i / B == 0 || i / B == 2;
+        cr_assert_eq(isnan(y[i]) != 0, bad, "element %zu = %g", i, (double)y[i]);
+    }
+    cr_expect_eq(f2u(wire_scale(msg, 0)), 0x7fc00000u);
+    cr_expect_eq(y[3 * B], FLT_MAX);
+    free(msg);
+    terse_codec_free(c);
+}
+
+Test(terngrad, accumulate_equals_decode_plus_add_bitwise) {
+    enum { N = 1001 };
+    static float x[N], base[N], y[N], z[N];
+    tu_fill_gauss(x, N, 25);
+    tu_fill_uniform(base, N, 26, -1.0f, 1.0f);
+    terse_codec *c = make("terngrad:bucket=100", N);
+    uint8_t *msg;
+    size_t len = tu_encode(c, x, &msg);
+    const float alphas[] = {1.0f, 0.125f, -1.0f, 3.3f};
+    for (size_t a = 0; a < 4; a++) {
+        cr_assert_eq(terse_decode(c, msg, len, y, alphas[a], 0), TERSE_OK);
+        memcpy(z, base, sizeof z);
+        cr_assert_eq(terse_decode(c, msg, len, z, alphas[a], 1), TERSE_OK);
+        for (size_t i = 0; i < N; i++)
+            cr_assert_eq(f2u(z[i]), f2u(base[i] + y[i]), "alpha %g element %zu", (double)alphas[a],
+                         i);
+    }
+    free(msg);
+    terse_codec_free(c);
+}
+
+Test(terngrad, same_seed_gives_same_bytes_and_ranks_draw_differently) {
+    enum { N = 999 };
+    static float x[N];
+    tu_fill_gauss(x, N, 27);
+    terse_codec *a = make("terngrad:seed=2", N), *b = make("terngrad:seed=2", N),
+                *r = make("terngrad:seed=2", N);
+    cr_assert_eq(terse_codec_set_stream(r, 0, 3), TERSE_OK);
+    uint8_t *ma, *mb, *mr;
+    size_t la = tu_encode(a, x, &ma), lb = tu_encode(b, x, &mb), lr = tu_encode(r, x, &mr);
+    cr_assert(la == lb && la == lr);
+    cr_expect_eq(memcmp(ma, mb, la), 0, "fresh codecs with the same seed disagree");
+    cr_expect_neq(memcmp(ma + 32, mr + 32, la - 32), 0, "rank 3 drew what rank 0 drew");
+    free(mb);
+    lb = tu_encode(b, x, &mb);
+    cr_expect_neq(memcmp(ma + 32, mb + 32, la - 32), 0, "step 1 drew what step 0 drew");
+    free(ma);
+    free(mb);
+    free(mr);
+    terse_codec_free(a);
+    terse_codec_free(b);
+    terse_codec_free(r);
+}
+
+Test(terngrad, simd_absmax_and_ternary_encode_match_scalar_bitwise) {
+#if defined(__x86_64__)
+    unsigned f = terse__cpu_features();
+    const float special[] = {0.0f, -0.0f, 1e-45f, -3e-39f, FLT_MAX, -FLT_MAX, INFINITY,
+                             -INFINITY, NAN, -NAN, 1.0f, -0.75f};
+    const size_t lens[] = {1, 7, 33, 1000003};
+    for (size_t t = 0; t < 4; t++) {
+        size_t n = lens[t];
+        float *x = malloc(n * sizeof *x);
+        uint8_t *r = malloc(n / 4 + 8), *g = malloc(n / 4 + 8);
+        tu_fill_gauss(x, n, 30 + t);
+        for (int round = 0; round < 2; round++) {
+            uint32_t m0 = terse__squant_absmax_scalar(x, n);
+            float s;
+            memcpy(&s, &m0, 4);
+            memset(r, 0, n / 4 + 8);
+            terse__squant_encode_scalar(x, n, s, 2, 99u, r);
+            if (f & TERSE_CPU_AVX2) {
+                cr_assert_eq(terse__squant_absmax_avx2(x, n), m0, "avx2 n=%zu", n);
+                memset(g, 0, n / 4 + 8);
+                terse__squant_encode_avx2(x, n, s, 2, 99u, g);
+                cr_assert_eq(memcmp(r, g, n / 4 + 8), 0, "avx2 encode n=%zu", n);
+            }
+            if (f & TERSE_CPU_AVX512) {
+                cr_assert_eq(terse__squant_absmax_avx512(x, n), m0, "avx512 n=%zu", n);
+                memset(g, 0, n / 4 + 8);
+                terse__squant_encode_avx512(x, n, s, 2, 99u, g);
+                cr_assert_eq(memcmp(r, g, n / 4 + 8), 0, "avx512 encode n=%zu", n);
+            }
+            /* second round: sprinkle special values (the last one wins the max) */
+            for (size_t i = 0; i < n; i += 1 + i / 3) x[i] = special[i % 12];
+        }
+        free(x);
+        free(r);
+        free(g);
+    }
+#else
+    cr_log_warn("no SIMD kernels on this architecture");
+#endif
+}
+
+/* Reseal msg with byte `at` set to val and payload length plen; decode must
+ * say TERSE_ERR_CORRUPT and name `what`. */
+static void expect_corrupt(terse_codec *c, const uint8_t *msg, size_t len, size_t at, uint8_t val,
+                           size_t plen, const char *what) {
+    uint8_t *m = malloc(len);
+    memcpy(m, msg, len);
+    if (at < len) m[at] = val;
+    terse__wire_seal(m, TERSE_ID_TERNGRAD, terse_codec_elements(c), plen);
+    float *y = calloc(terse_codec_elements(c), sizeof *y);
+    terse_status st = terse_decode(c, m, 32 + plen, y, 1.0f, 0);
+    cr_expect_eq(st, TERSE_ERR_CORRUPT, "%s: got %s", what, terse_status_name(st));
+    cr_expect_not_null(strstr(terse_last_error(), what), "'%s' lacks '%s'", terse_last_error(),
+                       what);
+    free(y);
+    free(m);
+}
+
+Test(terngrad, crafted_payloads_with_bad_fields_are_corrupt) {
+    enum { N = 45, B = 16 }; /* buckets of 16, 16, 13: the last has 6 spare bits */
+    float x[N];
+    tu_fill_gauss(x, N, 28);
+    terse_codec *c = make("terngrad:bucket=16", N);
+    uint8_t *msg;
+    size_t len = tu_encode(c, x, &msg), plen = len - 32, codes = 32 + 12;
+    cr_assert_eq(plen, 12 + 4 + 4 + 4);
+    expect_corrupt(c, msg, len, codes + 5, (uint8_t)(msg[codes + 5] | 0x30), plen, "invalid code");
+    expect_corrupt(c, msg, len, 32 + 8 + 3, 0x80, plen, "negative");
+    expect_corrupt(c, msg, len, len, 0, plen - 1, "payload is");
+    expect_corrupt(c, msg, len, len - 1, (uint8_t)(msg[len - 1] | 0x40), plen, "spare bits");
+    float y[N];
+    cr_expect_eq(terse_decode(c, msg, len, y, 1.0f, 0), TERSE_OK);
+    free(msg);
+    terse_codec_free(c);
+}
