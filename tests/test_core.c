@@ -53,29 +53,20 @@ Test(spec, parses_name_and_options) {
     cr_expect_str_eq(terse__spec_unused(&s), "ef");
 }
 
-static void expect_bad_spec(const char *spec, const char *token) {
-    terse_codec *c = (terse_codec *)1;
-    terse_status st = terse_codec_create(spec, 100, 1, &c);
-    cr_expect_eq(st, TERSE_ERR_INVALID, "spec '%s' gave %s", spec, terse_status_name(st));
-    cr_expect_null(c);
-    cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': error '%s' does not name '%s'",
-                       spec, terse_last_error(), token);
-}
-
 Test(spec, bad_specs_are_invalid_and_name_the_token) {
-    expect_bad_spec("foo", "foo");
-    expect_bad_spec("", "empty");
-    expect_bad_spec("none:", "no options");
-    expect_bad_spec("none:ef", "ef");
-    expect_bad_spec("none:ef=", "ef=");
-    expect_bad_spec("none:ef=2", "ef=2");
-    expect_bad_spec("none:ef=1,ef=0", "ef");
-    expect_bad_spec("none:colour=red", "colour");
-    expect_bad_spec("none:seed=1", "seed"); /* none draws no random numbers */
-    expect_bad_spec("none:ef=1,", "','");
-    expect_bad_spec("None", "None");
-    expect_bad_spec("none:ef=-1", "ef=-1");
-    expect_bad_spec("none:ef=99999999999999999999999", "ef=");
+    tu_expect_bad_spec("foo", "foo");
+    tu_expect_bad_spec("", "empty");
+    tu_expect_bad_spec("none:", "no options");
+    tu_expect_bad_spec("none:ef", "ef");
+    tu_expect_bad_spec("none:ef=", "ef=");
+    tu_expect_bad_spec("none:ef=2", "ef=2");
+    tu_expect_bad_spec("none:ef=1,ef=0", "ef");
+    tu_expect_bad_spec("none:colour=red", "colour");
+    tu_expect_bad_spec("none:seed=1", "seed"); /* none draws no random numbers */
+    tu_expect_bad_spec("none:ef=1,", "','");
+    tu_expect_bad_spec("None", "None");
+    tu_expect_bad_spec("none:ef=-1", "ef=-1");
+    tu_expect_bad_spec("none:ef=99999999999999999999999", "ef=");
 }
 
 Test(codec, shapes_out_of_range_are_refused_without_allocating) {

@@ -354,23 +354,14 @@ Test(int8, payload_of_wrong_length_with_valid_crc_is_corrupt) {
     terse_codec_free(c);
 }
 
-static void expect_bad_spec(const char *spec, const char *token) {
-    terse_codec *c = (terse_codec *)1;
-    terse_status st = terse_codec_create(spec, 100, 1, &c);
-    cr_expect_eq(st, TERSE_ERR_INVALID, "spec '%s' gave %s", spec, terse_status_name(st));
-    cr_expect_null(c);
-    cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': '%s' does not name '%s'",
-                       spec, terse_last_error(), token);
-}
-
 Test(int8, bucket_outside_8_to_2_pow_24_is_invalid_and_named) {
-    expect_bad_spec("int8:bucket=0", "bucket=0");
-    expect_bad_spec("int8:bucket=7", "bucket=7");
-    expect_bad_spec("int8:bucket=16777217", "bucket=16777217");
-    expect_bad_spec("int8:bucket=abc", "bucket=abc");
-    expect_bad_spec("int8:bucket=-8", "bucket=-8");
-    expect_bad_spec("int8:bits=8", "bits");
-    expect_bad_spec("int8:seed=1", "seed"); /* deterministic: no seed */
+    tu_expect_bad_spec("int8:bucket=0", "bucket=0");
+    tu_expect_bad_spec("int8:bucket=7", "bucket=7");
+    tu_expect_bad_spec("int8:bucket=16777217", "bucket=16777217");
+    tu_expect_bad_spec("int8:bucket=abc", "bucket=abc");
+    tu_expect_bad_spec("int8:bucket=-8", "bucket=-8");
+    tu_expect_bad_spec("int8:bits=8", "bits");
+    tu_expect_bad_spec("int8:seed=1", "seed"); /* deterministic: no seed */
 }
 
 Test(int8, spec_is_canonical_and_bound_is_exact) {

@@ -63,23 +63,14 @@ Test(qsgd, canonical_spec_traits_and_exact_bound) {
     terse_codec_free(c);
 }
 
-static void expect_bad_spec(const char *spec, const char *token) {
-    terse_codec *c = (terse_codec *)1;
-    terse_status st = terse_codec_create(spec, 100, 1, &c);
-    cr_expect_eq(st, TERSE_ERR_INVALID, "spec '%s' gave %s", spec, terse_status_name(st));
-    cr_expect_null(c);
-    cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': error '%s' lacks '%s'", spec,
-                       terse_last_error(), token);
-}
-
 Test(qsgd, bad_specs_are_invalid_and_name_the_token) {
-    expect_bad_spec("qsgd:bits=0", "bits=0");
-    expect_bad_spec("qsgd:bits=1", "bits=1");
-    expect_bad_spec("qsgd:bits=9", "bits=9");
-    expect_bad_spec("qsgd:bucket=4", "bucket=4");
-    expect_bad_spec("qsgd:bucket=16777217", "bucket=16777217");
-    expect_bad_spec("qsgd:bits=four", "bits=four");
-    expect_bad_spec("qsgd:levels=3", "levels");
+    tu_expect_bad_spec("qsgd:bits=0", "bits=0");
+    tu_expect_bad_spec("qsgd:bits=1", "bits=1");
+    tu_expect_bad_spec("qsgd:bits=9", "bits=9");
+    tu_expect_bad_spec("qsgd:bucket=4", "bucket=4");
+    tu_expect_bad_spec("qsgd:bucket=16777217", "bucket=16777217");
+    tu_expect_bad_spec("qsgd:bits=four", "bits=four");
+    tu_expect_bad_spec("qsgd:levels=3", "levels");
 }
 
 /* ------------------------------------------------------------ statistics */

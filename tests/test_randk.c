@@ -264,23 +264,14 @@ Test(randk, payloads_of_the_wrong_length_are_corrupt) {
     terse_codec_free(c);
 }
 
-static void expect_bad_spec(const char *spec, const char *token) {
-    terse_codec *c = (terse_codec *)1;
-    terse_status st = terse_codec_create(spec, 100, 1, &c);
-    cr_expect_eq(st, TERSE_ERR_INVALID, "spec '%s' gave %s", spec, terse_status_name(st));
-    cr_expect_null(c);
-    cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': error '%s' does not name '%s'",
-                       spec, terse_last_error(), token);
-}
-
 Test(randk, bad_specs_are_invalid_and_name_the_token) {
-    expect_bad_spec("randk:ratio=0", "ratio=0");
-    expect_bad_spec("randk:ratio=1.5", "ratio=1.5");
-    expect_bad_spec("randk:k=0", "k=0");
-    expect_bad_spec("randk:k=101", "k=101");
-    expect_bad_spec("randk:ratio=0.1,k=5", "'ratio' or 'k'");
-    expect_bad_spec("randk:unbiased=2", "unbiased=2");
-    expect_bad_spec("randk:seed=x", "seed=x");
+    tu_expect_bad_spec("randk:ratio=0", "ratio=0");
+    tu_expect_bad_spec("randk:ratio=1.5", "ratio=1.5");
+    tu_expect_bad_spec("randk:k=0", "k=0");
+    tu_expect_bad_spec("randk:k=101", "k=101");
+    tu_expect_bad_spec("randk:ratio=0.1,k=5", "'ratio' or 'k'");
+    tu_expect_bad_spec("randk:unbiased=2", "unbiased=2");
+    tu_expect_bad_spec("randk:seed=x", "seed=x");
 }
 
 Test(randk, canonical_spec_defaults_unbiased_to_the_opposite_of_ef) {

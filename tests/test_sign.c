@@ -403,23 +403,14 @@ Test(sign, nonzero_padding_bits_are_corrupt_and_named) {
     terse_codec_free(c);
 }
 
-static void expect_bad_spec(const char *spec, const char *token) {
-    terse_codec *c = (terse_codec *)1;
-    terse_status st = terse_codec_create(spec, 100, 1, &c);
-    cr_expect_eq(st, TERSE_ERR_INVALID, "spec '%s' gave %s", spec, terse_status_name(st));
-    cr_expect_null(c);
-    cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': '%s' does not name '%s'",
-                       spec, terse_last_error(), token);
-}
-
 Test(sign, bucket_outside_8_to_2_pow_24_is_invalid_and_named) {
-    expect_bad_spec("sign:bucket=abc", "bucket=abc");
-    expect_bad_spec("sign:bucket=0", "bucket=0");
-    expect_bad_spec("sign:bucket=7", "bucket=7");
-    expect_bad_spec("sign:bucket=16777217", "bucket=16777217");
-    expect_bad_spec("sign:bucket=1e3", "bucket=1e3");
-    expect_bad_spec("sign:ratio=0.5", "ratio");
-    expect_bad_spec("sign:seed=3", "seed");
+    tu_expect_bad_spec("sign:bucket=abc", "bucket=abc");
+    tu_expect_bad_spec("sign:bucket=0", "bucket=0");
+    tu_expect_bad_spec("sign:bucket=7", "bucket=7");
+    tu_expect_bad_spec("sign:bucket=16777217", "bucket=16777217");
+    tu_expect_bad_spec("sign:bucket=1e3", "bucket=1e3");
+    tu_expect_bad_spec("sign:ratio=0.5", "ratio");
+    tu_expect_bad_spec("sign:seed=3", "seed");
 }
 
 Test(sign, spec_is_canonical_and_bound_is_exact) {

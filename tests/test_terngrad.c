@@ -51,20 +51,11 @@ Test(terngrad, canonical_spec_traits_and_exact_bound) {
     terse_codec_free(c);
 }
 
-static void expect_bad_spec(const char *spec, const char *token) {
-    terse_codec *c = (terse_codec *)1;
-    terse_status st = terse_codec_create(spec, 100, 1, &c);
-    cr_expect_eq(st, TERSE_ERR_INVALID, "spec '%s' gave %s", spec, terse_status_name(st));
-    cr_expect_null(c);
-    cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': error '%s' lacks '%s'", spec,
-                       terse_last_error(), token);
-}
-
 Test(terngrad, bad_specs_are_invalid_and_name_the_token) {
-    expect_bad_spec("terngrad:bucket=7", "bucket=7");
-    expect_bad_spec("terngrad:bucket=0", "bucket=0");
-    expect_bad_spec("terngrad:bucket=16777217", "bucket=16777217");
-    expect_bad_spec("terngrad:bits=2", "bits");
+    tu_expect_bad_spec("terngrad:bucket=7", "bucket=7");
+    tu_expect_bad_spec("terngrad:bucket=0", "bucket=0");
+    tu_expect_bad_spec("terngrad:bucket=16777217", "bucket=16777217");
+    tu_expect_bad_spec("terngrad:bits=2", "bits");
 }
 
 /* Sum over coordinates of sign(x)*(mean - x), over its standard error. */

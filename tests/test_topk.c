@@ -494,26 +494,17 @@ Test(topk, payloads_too_short_for_head_or_values_are_corrupt) {
 
 /* ---- spec ---- */
 
-static void expect_bad_spec(const char *spec, const char *token) {
-    terse_codec *c = (terse_codec *)1;
-    terse_status st = terse_codec_create(spec, 100, 1, &c);
-    cr_expect_eq(st, TERSE_ERR_INVALID, "spec '%s' gave %s", spec, terse_status_name(st));
-    cr_expect_null(c);
-    cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': error '%s' does not name '%s'",
-                       spec, terse_last_error(), token);
-}
-
 Test(topk, bad_specs_are_invalid_and_name_the_token) {
-    expect_bad_spec("topk:ratio=2", "ratio=2");
-    expect_bad_spec("topk:ratio=0", "ratio=0");
-    expect_bad_spec("topk:ratio=-0.5", "ratio=-0.5");
-    expect_bad_spec("topk:ratio=", "ratio=");
-    expect_bad_spec("topk:ratio=abc", "ratio=abc");
-    expect_bad_spec("topk:k=0", "k=0");
-    expect_bad_spec("topk:k=101", "k=101");
-    expect_bad_spec("topk:ratio=0.1,k=5", "'ratio' or 'k'");
-    expect_bad_spec("topk:seed=1", "seed");
-    expect_bad_spec("topk:bucket=4", "bucket");
+    tu_expect_bad_spec("topk:ratio=2", "ratio=2");
+    tu_expect_bad_spec("topk:ratio=0", "ratio=0");
+    tu_expect_bad_spec("topk:ratio=-0.5", "ratio=-0.5");
+    tu_expect_bad_spec("topk:ratio=", "ratio=");
+    tu_expect_bad_spec("topk:ratio=abc", "ratio=abc");
+    tu_expect_bad_spec("topk:k=0", "k=0");
+    tu_expect_bad_spec("topk:k=101", "k=101");
+    tu_expect_bad_spec("topk:ratio=0.1,k=5", "'ratio' or 'k'");
+    tu_expect_bad_spec("topk:seed=1", "seed");
+    tu_expect_bad_spec("topk:bucket=4", "bucket");
 }
 
 Test(topk, canonical_spec_spells_out_k_or_ratio) {

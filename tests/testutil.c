@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string.h>
 
 #include "common/rng.h"
 
@@ -101,4 +102,13 @@ size_t tu_encode(terse_codec *c, const float *x, uint8_t **msg) {
     terse_status s = terse_encode(c, x, *msg, cap, &len);
     cr_assert_eq(s, TERSE_OK, "encode with %s: %s", terse_codec_spec(c), terse_last_error());
     return len;
+}
+
+void tu_expect_bad_spec(const char *spec, const char *token) {
+    terse_codec *c = (terse_codec *)1;
+    terse_status st = terse_codec_create(spec, 100, 1, &c);
+    cr_expect_eq(st, TERSE_ERR_INVALID, "spec '%s' gave %s", spec, terse_status_name(st));
+    cr_expect_null(c);
+    cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': error '%s' does not name '%s'",
+                       spec, terse_last_error(), token);
 }

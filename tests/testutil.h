@@ -19,6 +19,10 @@ double tu_rel_err(const float *a, const float *b, size_t n);
 /* Encode x with codec c into a fresh malloc'd buffer (*msg) and return its
  * length; aborts the test on failure. */
 size_t tu_encode(terse_codec *c, const float *x, uint8_t **msg);
+/* Creating a codec from `spec` (for 100 elements) fails with
+ * TERSE_ERR_INVALID, leaves the out pointer NULL, and terse_last_error()
+ * contains `token`. */
+void tu_expect_bad_spec(const char *spec, const char *token);
 /* The built-in codec specs the generic tests iterate over. Every built-in
  * codec appears at least once (test_codec_props checks it). */
 extern const char *const tu_specs[];
