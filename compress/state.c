@@ -7,7 +7,8 @@
  *  32  u64 step             40  u64 tensor
  *  48  u32 rank             52  u32 reserved (0)
  *  56  u64 codec state length L
- *  64  residual (elements * 4 bytes, when flagged), then L bytes of codec
+ *  64  u64 rows (cols = elements / rows), so a transposed shape is refused
+ *  72  residual (elements * 4 bytes, when flagged), then L bytes of codec
  *      state, then u32 CRC32C of everything before it. */
 #include <string.h>
 
@@ -16,9 +17,11 @@
 #include "common/error.h"
 #include "compress/codec_internal.h"
 
+#include "compress/state.h"
+
 #define STATE_MAGIC 0x53535254u /* "TRSS" */
 #define STATE_VERSION 1u
-#define STATE_HEAD 64u
+#define STATE_HEAD TERSE__STATE_HEAD
 
 static size_t plugin_state_size(const terse_codec *c) {
     return c->ops.state_size ? c->ops.state_size(c->self) : 0;
@@ -49,6 +52,7 @@ terse_status terse_codec_state_save(const terse_codec *c, void *dst, size_t cap,
     terse__put_u64(p + 40, c->tensor);
     terse__put_u32(p + 48, c->rank);
     terse__put_u64(p + 56, ps);
+    terse__put_u64(p + 64, c->rows);
     size_t off = STATE_HEAD;
     if (c->ef) {
         memcpy(p + off, c->residual, c->n * sizeof(float));
@@ -80,9 +84,11 @@ terse_status terse_codec_state_load(terse_codec *c, const void *src, size_t len)
     if (id != c->ops.id)
         return TERSE_ERROR(TERSE_ERR_CODEC_MISMATCH, "state is of codec id %u, this codec is '%s' (%u)",
                            id, c->ops.name, c->ops.id);
-    if (n != c->n)
-        return TERSE_ERROR(TERSE_ERR_SHAPE, "state is for %llu elements, this codec has %zu",
-                           (unsigned long long)n, c->n);
+    uint64_t rows = terse__get_u64(p + 64);
+    if (n != c->n || rows != c->rows)
+        return TERSE_ERROR(TERSE_ERR_SHAPE,
+                           "state is for %llu elements in %llu rows, this codec has %zu x %zu",
+                           (unsigned long long)n, (unsigned long long)rows, c->rows, c->cols);
     if (flags > 1 || terse__get_u32(p + 52) != 0)
         return TERSE_ERROR(TERSE_ERR_CORRUPT, "codec state has unknown flags or reserved bits");
     if ((flags & 1u) != (c->ef ? 1u : 0u))

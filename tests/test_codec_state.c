@@ -10,7 +10,8 @@
 #include "common/bytes.h"
 #include "testutil.h"
 
-#define STATE_HEAD 64u
+#include "compress/state.h"
+#define STATE_HEAD TERSE__STATE_HEAD
 
 static void spec_variant(char *buf, size_t cap, size_t i, int ef) {
     if (ef)
@@ -95,10 +96,11 @@ static terse_status state_flip_status(size_t at) {
     if (at < 16) return TERSE_ERR_CORRUPT; /* flags ^ 0xff: unknown flag bits */
     if (at < 24) return TERSE_ERR_SHAPE;
     if (at < 32) return TERSE_ERR_INVALID; /* another seed: a different configuration */
+    if (at >= 64 && at < 72) return TERSE_ERR_SHAPE; /* rows */
     return TERSE_ERR_CORRUPT; /* step/tensor/rank (checksum), reserved, lengths, body */
 }
 
-/* Every byte of the 64-byte header and of the last 8 (the checksum), a
+/* Every byte of the header and of the last 8 (the checksum), a
  * sample of the body between. */
 static size_t next_flip(size_t at, size_t len) {
     if (at < STATE_HEAD || at + 8 >= len) return at + 1;
@@ -249,4 +251,16 @@ ParameterizedTest(size_t *i, state, a_state_saved_with_another_seed_is_refused) 
               tu_specs[*i]);
     free(os), free(cs), free(now);
     terse_codec_free(o), terse_codec_free(c);
+}
+
+Test(state, transposed_shape_is_refused_as_shape) {
+    terse_codec *a, *b;
+    cr_assert_eq(terse_codec_create("int8:ef=1", 37, 101, &a), TERSE_OK);
+    cr_assert_eq(terse_codec_create("int8:ef=1", 101, 37, &b), TERSE_OK);
+    size_t len;
+    uint8_t *st = save(a, &len);
+    cr_expect_eq(terse_codec_state_load(b, st, len), TERSE_ERR_SHAPE, "%s", terse_last_error());
+    cr_expect_not_null(strstr(terse_last_error(), "101 x 37"), "%s", terse_last_error());
+    free(st);
+    terse_codec_free(a), terse_codec_free(b);
 }

@@ -5,13 +5,14 @@
  * exactly in real arithmetic, since each step keeps e_t = p_t - D(C(p_t)).
  * In float each step rounds, so the identity holds to float precision
  * relative to the size of what went through. The residual is read from the
- * checkpoint state (layout in compress/state.c: floats at byte 64). */
+ * checkpoint state (layout in compress/state.c: floats at byte TERSE__STATE_HEAD). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/bytes.h"
+#include "compress/state.h"
 #include "testutil.h"
 
 #define STEPS 100
@@ -23,8 +24,8 @@ static void read_residual(const terse_codec *c, float *e) {
     cr_assert_eq(terse_codec_state_save(c, st, size, &len), TERSE_OK, "%s", terse_last_error());
     cr_assert_eq(terse__get_u32(st + 12) & 1u, 1u, "%s: saved state has no residual",
                  terse_codec_spec(c));
-    cr_assert_geq(len, 64 + 4 * n + 4);
-    memcpy(e, st + 64, n * sizeof *e);
+    cr_assert_geq(len, TERSE__STATE_HEAD + 4 * n + 4);
+    memcpy(e, st + TERSE__STATE_HEAD, n * sizeof *e);
     free(st);
 }
 
@@ -173,7 +174,7 @@ Test(feedback, without_ef_the_state_has_no_residual) {
     TU_CREATE_OR_RETURN(c, "none", TU_ROWS, TU_COLS);
     uint8_t st[128];
     size_t len;
-    cr_assert_eq(terse_codec_state_size(c), 68);
+    cr_assert_eq(terse_codec_state_size(c), TERSE__STATE_HEAD + 4);
     cr_assert_eq(terse_codec_state_save(c, st, sizeof st, &len), TERSE_OK);
     cr_expect_eq(terse__get_u32(st + 12) & 1u, 0u);
     terse_codec_free(c);

@@ -9,6 +9,7 @@
 #include "common/bytes.h"
 #include "common/crc32c.h"
 #include "compress/wire.h"
+#include "compress/state.h"
 #include "testutil.h"
 
 #define HDR TERSE_WIRE_HEADER_SIZE
@@ -345,16 +346,16 @@ Test(powersgd, state_of_a_fresh_codec_resumes_as_uninitialised) {
     uint8_t *msg;
     free((tu_encode(b, g, &msg), msg)); /* b's Q is now warm */
     size_t cap = terse_codec_state_size(a), slen;
-    cr_expect_eq(cap, 64 + 8 + 4 * cols * 2 + 4);
+    cr_expect_eq(cap, TERSE__STATE_HEAD + 8 + 4 * cols * 2 + 4);
     uint8_t *st = malloc(cap);
     cr_assert_eq(terse_codec_state_save(a, st, cap, &slen), TERSE_OK);
-    cr_expect_eq(terse__get_u32(st + 64), 0u, "a fresh codec reports initialised");
+    cr_expect_eq(terse__get_u32(st + TERSE__STATE_HEAD), 0u, "a fresh codec reports initialised");
     cr_assert_eq(terse_codec_state_load(b, st, slen), TERSE_OK);
     uint8_t *ma, *mb;
     size_t la = tu_encode(a, g, &ma), lb = tu_encode(b, g, &mb);
     cr_expect(la == lb && memcmp(ma, mb, la) == 0);
     /* An 'initialised' flag other than 0/1 is refused, even with a valid CRC. */
-    st[64] = 2;
+    st[TERSE__STATE_HEAD] = 2;
     terse__put_u32(st + slen - 4, terse__crc32c_update(0, st, slen - 4));
     cr_expect_eq(terse_codec_state_load(b, st, slen), TERSE_ERR_CORRUPT);
     free(ma);

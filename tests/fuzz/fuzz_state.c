@@ -19,7 +19,8 @@
 #include "common/crc32c.h"
 #include "fuzz_common.h"
 
-#define STATE_HEAD 64u
+#include "compress/state.h"
+#define STATE_HEAD TERSE__STATE_HEAD
 
 static uint8_t *save(terse_codec *c, size_t *len) {
     size_t size = terse_codec_state_size(c);

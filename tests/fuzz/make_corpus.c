@@ -14,6 +14,7 @@
 
 #include "common/rng.h"
 #include "compress/wire.h"
+#include "compress/state.h"
 #include "fuzz_common.h"
 
 static const char *out_dir;
@@ -80,7 +81,7 @@ static void seeds_for(size_t s, size_t h) {
         if (terse_codec_state_save(c, st, size, &len) != TERSE_OK) exit(1);
         put("fuzz_state", s, h, (unsigned)ef, st, len, NULL, 0);
         /* reseal mode: step/tensor/rank, then everything after the header */
-        put("fuzz_state", s, h, (unsigned)ef | 2u, st + 32, 20, st + 64, len - 64 - 4);
+        put("fuzz_state", s, h, (unsigned)ef | 2u, st + 32, 20, st + TERSE__STATE_HEAD, len - TERSE__STATE_HEAD - 4);
         free(st);
         terse_codec_free(c);
     }
