@@ -232,7 +232,10 @@ typedef struct terse_codec terse_codec;
 /*
  * Create a codec from a spec for a rows x cols tensor (rows, cols >= 1,
  * rows * cols <= TERSE_MAX_ELEMENTS). All scratch memory that encode and
- * decode need is allocated here: encode and decode allocate nothing.
+ * decode need is allocated here: terse's encode and decode allocate nothing.
+ * (powersgd and vq call OpenBLAS's sgemm, which itself allocates per call
+ * when OpenBLAS runs multi-threaded; with OPENBLAS_NUM_THREADS=1 nothing
+ * allocates after OpenBLAS's first call. The test suite checks both.)
  * On success *out owns a codec to release with terse_codec_free; on failure
  * *out is NULL.
  */
@@ -365,6 +368,122 @@ typedef struct terse_wire_info {
  */
 TERSE_API terse_status terse_wire_inspect(const void *src, size_t len,
                                           terse_wire_info *info);
+
+/* ------------------------------------------------------------------------ */
+/* Communicator and collectives                                             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A communicator joins the ranks of one job over libfabric. A communicator is
+ * used by one thread at a time. Every collective is called by every rank in
+ * the same order with matching arguments.
+ *
+ * Determinism: after any collective every rank holds bitwise-identical
+ * results, and the same inputs, seeds and rank count reproduce them run to
+ * run (reductions happen in a fixed order).
+ *
+ * Failure: no call blocks forever. A dead or silent peer makes the current
+ * call return TERSE_ERR_PEER_LOST or TERSE_ERR_TIMEOUT within the timeout,
+ * and terse_last_error() names the peer. After any error the communicator
+ * can only be freed.
+ */
+typedef struct terse_comm terse_comm;
+
+/*
+ * Creation-time configuration. Start from TERSE_COMM_CONFIG_INIT and set
+ * what you need; every field left at its default is taken from the
+ * environment:
+ *   rank, nranks  TERSE_RANK / TERSE_SIZE, else torchrun's RANK /
+ *                 WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_RANK / _SIZE,
+ *                 PMI_RANK / PMI_SIZE, Slurm's SLURM_PROCID / SLURM_NTASKS.
+ *   addr          "host:port" where rank 0 runs the bootstrap store and the
+ *                 others find it: TERSE_ADDR, else MASTER_ADDR:MASTER_PORT.
+ *                 Rank 0 binds to exactly this address.
+ *   provider      TERSE_PROVIDER: "shm", "tcp" (tcp;ofi_rxm), "verbs"
+ *                 (verbs;ofi_rxm), "efa", or "auto" (default: an RDMA
+ *                 provider if present, else tcp; shm when all ranks share
+ *                 one host).
+ *   token         TERSE_TOKEN: the job's shared secret; every connection to
+ *                 the store proves it knows the token (HMAC-SHA256
+ *                 challenge-response). Required when nranks > 1.
+ *   timeout_ms    TERSE_TIMEOUT_MS, default 60000: the longest any call
+ *                 waits on a peer before failing.
+ */
+typedef struct terse_comm_config {
+    size_t size;          /* sizeof(terse_comm_config) */
+    int rank;             /* -1: from the environment */
+    int nranks;           /* -1: from the environment */
+    const char *addr;     /* NULL: from the environment */
+    const char *provider; /* NULL: from the environment, else "auto" */
+    const char *token;    /* NULL: from the environment */
+    int timeout_ms;       /* 0: from the environment, else 60000 */
+} terse_comm_config;
+
+#define TERSE_COMM_CONFIG_INIT {sizeof(terse_comm_config), -1, -1, NULL, NULL, NULL, 0}
+
+/* Join the job: rendezvous at rank 0's store, open the libfabric endpoint,
+ * exchange addresses. Blocks until every rank has joined or the timeout
+ * passes. On failure *out is NULL. */
+TERSE_API terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out);
+
+/* Leave the job and release everything. NULL is accepted. Not collective:
+ * a rank may free after an error without the others. */
+TERSE_API void terse_comm_free(terse_comm *comm);
+
+TERSE_API int terse_comm_rank(const terse_comm *comm);
+TERSE_API int terse_comm_size(const terse_comm *comm);
+/* The libfabric provider in use, e.g. "tcp;ofi_rxm" or "shm". */
+TERSE_API const char *terse_comm_provider(const terse_comm *comm);
+
+typedef enum terse_op {
+    TERSE_OP_SUM = 0, /* buf = sum over ranks */
+    TERSE_OP_AVG = 1, /* buf = sum over ranks / nranks */
+} terse_op;
+
+/*
+ * All-reduce n floats in place. With codec == NULL the exchange is dense
+ * fp32 (a pipelined ring for large buffers, recursive doubling for small
+ * ones). With a codec (bound to n elements; each rank passes its own), the
+ * algorithm follows its traits: summable codecs travel the ring; others are
+ * all-gathered as messages and decoded in rank order; powersgd runs its two
+ * rounds (P, then Q). Each rank's codec keeps its own error-feedback state.
+ */
+TERSE_API terse_status terse_allreduce(terse_comm *comm, float *buf, size_t n,
+                                       terse_codec *codec, terse_op op);
+
+/* Copy bytes from root's buf into every other rank's buf. */
+TERSE_API terse_status terse_broadcast(terse_comm *comm, void *buf, size_t bytes, int root);
+
+/*
+ * Gather variable-size contributions: recv receives every rank's send
+ * buffer concatenated in rank order; counts (nranks entries, may be NULL)
+ * receives each rank's byte count. If recv_cap is smaller than the total,
+ * every rank returns TERSE_ERR_DST_TOO_SMALL (sizes are exchanged first) and
+ * the communicator remains usable.
+ */
+TERSE_API terse_status terse_allgather(terse_comm *comm, const void *send, size_t send_bytes,
+                                       void *recv, size_t recv_cap, size_t *counts);
+
+/* Return once every rank has entered the barrier. */
+TERSE_API terse_status terse_barrier(terse_comm *comm);
+
+/* What this rank has done since init (or the last reset). */
+typedef struct terse_comm_stats {
+    size_t size;                 /* sizeof(terse_comm_stats) */
+    uint64_t ops;                /* collectives completed */
+    uint64_t payload_bytes_sent; /* collective data handed to the transport */
+    uint64_t payload_bytes_recv;
+    uint64_t wire_bytes_sent;    /* payload plus terse's own framing (libfabric's
+                                    provider headers are not visible to us) */
+    uint64_t wire_bytes_recv;
+    double codec_seconds;        /* encode, decode and reduction arithmetic */
+    double network_seconds;      /* waiting for sends and receives */
+} terse_comm_stats;
+
+#define TERSE_COMM_STATS_INIT {sizeof(terse_comm_stats), 0, 0, 0, 0, 0, 0.0, 0.0}
+
+TERSE_API terse_status terse_comm_get_stats(const terse_comm *comm, terse_comm_stats *stats);
+TERSE_API void terse_comm_reset_stats(terse_comm *comm);
 
 /* ------------------------------------------------------------------------ */
 /* Registry                                                                 */

@@ -1,0 +1,80 @@
+/* The libfabric transport: tagged byte buffers between ranks. It knows
+ * nothing of codecs or collectives (DESIGN.md).
+ *
+ * One FI_EP_RDM endpoint per rank with FI_TAGGED | FI_DIRECTED_RECV and
+ * manual progress, one AV holding every rank's address in rank order.
+ *
+ * Messages: a send of `len` bytes matches exactly one receive of the same
+ * (peer, tag) whose length is the same `len` -- both sides know the size
+ * (collectives exchange sizes first when they vary). Messages larger than
+ * the provider's max_msg_size (or TERSE_CHUNK_BYTES, default 1 MiB) are
+ * split into chunks internally, with a bounded number in flight; callers
+ * see one request. Tags: callers use the low 48 bits; the transport owns
+ * the high 16 (chunk index).
+ *
+ * Receives should be posted before the matching sends where the algorithm
+ * allows (collectives post all receives of a step first). -FI_EAGAIN is
+ * handled by progressing the CQ and retrying until the deadline. */
+#ifndef TERSE_TRANSPORT_FABRIC_H
+#define TERSE_TRANSPORT_FABRIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "terse.h"
+
+typedef struct terse__fabric terse__fabric;
+
+/* Open the endpoint. provider: "shm", "tcp", "verbs", "efa" or "auto" (see
+ * terse.h; "auto" with all ranks on one host picks shm -- the caller passes
+ * same_host). An absent provider fails with TERSE_ERR_TRANSPORT and a
+ * sentence listing what fi_getinfo offers. */
+terse_status terse__fabric_open(const char *provider, int same_host, int rank, int nranks,
+                                terse__fabric **out);
+void terse__fabric_close(terse__fabric *f);
+
+/* "tcp;ofi_rxm", "shm", ... */
+const char *terse__fabric_provider(const terse__fabric *f);
+
+/* This endpoint's address (fi_getname); *len in: capacity, out: size. */
+terse_status terse__fabric_name(terse__fabric *f, void *buf, size_t *len);
+
+/* Insert every rank's address (nranks names of name_len bytes each, in rank
+ * order, this rank's included) into the AV. */
+terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t name_len);
+
+/* A request. Owned by the caller (stack or array); it must stay valid and
+ * unmoved until completed by terse__fabric_wait. */
+typedef struct terse__fabric_req {
+    int peer;
+    int is_send;
+    uint64_t tag;
+    uint8_t *buf;
+    size_t len;
+    size_t chunks, posted, done; /* chunk bookkeeping */
+    int error;                   /* a terse_status once failed */
+} terse__fabric_req;
+
+/* Start a send/receive of len bytes (len may be 0). */
+terse_status terse__fabric_isend(terse__fabric *f, int peer, uint64_t tag, const void *buf,
+                                 size_t len, terse__fabric_req *req);
+terse_status terse__fabric_irecv(terse__fabric *f, int peer, uint64_t tag, void *buf, size_t len,
+                                 terse__fabric_req *req);
+
+/* Progress until every request in reqs[0..n) completes, or until
+ * deadline_ns (CLOCK_MONOTONIC) passes: then TERSE_ERR_TIMEOUT naming the
+ * first incomplete peer and direction. A completion error (peer gone)
+ * returns TERSE_ERR_PEER_LOST naming the peer. `alive` (may be NULL) is
+ * called between polls; a non-OK status from it aborts the wait with that
+ * status (the bootstrap store uses it to report a lost rank early). */
+typedef terse_status (*terse__fabric_alive_fn)(void *arg);
+terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_t n,
+                                uint64_t deadline_ns, terse__fabric_alive_fn alive, void *arg);
+
+/* Bytes handed to libfabric so far (payload) -- for terse_comm_stats. */
+void terse__fabric_counters(const terse__fabric *f, uint64_t *sent, uint64_t *recv);
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t terse__now_ns(void);
+
+#endif

@@ -1,0 +1,50 @@
+/* The bootstrap store: a small TCP key-value service run by rank 0, through
+ * which ranks exchange their libfabric addresses (gloo's Store, in C).
+ *
+ * Every connection is authenticated before it may do anything: the server
+ * sends a random 32-byte nonce, the client answers with
+ * HMAC-SHA256(token, nonce || "terse-store-v1" || rank) and its own nonce,
+ * the server answers with HMAC over the client's nonce (mutual proof), all
+ * with OpenSSL's libcrypto. A wrong answer, a malformed frame, an oversized
+ * value or a silent client is dropped and logged to stderr; the server
+ * keeps serving legitimate ranks. The server binds only to the address it is
+ * given.
+ *
+ * The server runs on a thread inside rank 0 for the communicator's
+ * lifetime. Each client keeps its connection open: when a rank's
+ * connection drops, the server tells the remaining ranks ("rank r lost"),
+ * which terse__store_check reports as TERSE_ERR_PEER_LOST. */
+#ifndef TERSE_TRANSPORT_STORE_H
+#define TERSE_TRANSPORT_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "terse.h"
+
+typedef struct terse__store terse__store;
+
+/* Rank 0: start the server on host:port (port 0 is refused: the others must
+ * know it) and connect to it as a client. Others: connect, retrying until
+ * timeout_ms. token must be non-empty. */
+terse_status terse__store_open(const char *addr, int rank, int nranks, const char *token,
+                               int timeout_ms, terse__store **out);
+void terse__store_close(terse__store *s);
+
+/* Set key to value (<= 64 KiB); get blocks until the key exists or the
+ * timeout passes (*len in: capacity, out: size). */
+terse_status terse__store_set(terse__store *s, const char *key, const void *val, size_t len);
+terse_status terse__store_get(terse__store *s, const char *key, void *val, size_t *len,
+                              int timeout_ms);
+
+/* Every rank contributes `len` bytes; all receive nranks*len bytes in rank
+ * order (built on set/get). */
+terse_status terse__store_allgather(terse__store *s, const void *mine, size_t len, void *all,
+                                    int timeout_ms);
+
+/* Non-blocking: TERSE_ERR_PEER_LOST (naming the rank) if the server has
+ * reported a lost rank or the server itself is gone; else TERSE_OK. Usable
+ * as a terse__fabric_alive_fn. */
+terse_status terse__store_check(void *store);
+
+#endif
