@@ -12,7 +12,7 @@ cd "$(dirname "$0")"
 
 PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
           libopenblas-dev liblapacke-dev libcriterion-dev zlib1g-dev libfabric-dev
-          libfabric-bin libssl-dev iproute2 dataset-fashion-mnist gnuplot-nox binutils)
+          libfabric-bin libssl-dev iproute2 openmpi-bin libopenmpi-dev dataset-fashion-mnist gnuplot-nox binutils)
 
 usage() {
     sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'

@@ -12,6 +12,7 @@ enum { BENCH_EXIT_OK = 0, BENCH_EXIT_RUNTIME = 1, BENCH_EXIT_USAGE = 2 };
 
 /* Subcommands: argv[0] is the subcommand name. Each returns an exit code. */
 int bench_codecs_main(int argc, char **argv);
+int bench_allreduce_main(int argc, char **argv);
 
 /* ---- command line (main.c) */
 
@@ -59,5 +60,29 @@ void *bench_alloc(size_t bytes);
 /* Fill x[0..n) with a deterministic Gaussian-like sequence (mean 0,
  * variance 1, tails cut at +-3.46) that depends only on seed and i. */
 void bench_gradient_fill(float *x, size_t n, uint64_t seed);
+
+/* ---- child programs (spawn.c) */
+
+/* The directory holding this executable (from /proc/self/exe). 0 or -1. */
+int bench_self_dir(char *out, size_t cap);
+
+/* Find an executable: the environment variable env_var if set (then it
+ * must name an executable file, else -1), else the first of near_self
+ * (NULL-terminated paths relative to this executable's directory, may be
+ * NULL) that exists, else `name` on PATH. 0 with the path in out, or -1. */
+int bench_find_program(const char *env_var, const char *const *near_self, const char *name,
+                       char *out, size_t cap);
+
+/* Run argv[0] (a path) with argv and wait for it. SIGINT, SIGTERM and SIGHUP
+ * that reach us meanwhile are forwarded to it. Returns its exit status,
+ * 128 + signal if a signal ended it, or -1 if it could not be run. */
+int bench_run_child(char *const argv[]);
+
+/* The signal forwarded by bench_run_child since the start, or 0. */
+int bench_interrupted(void);
+
+/* Create an empty private file $TMPDIR/terse-bench-TAG-XXXXXX (mkstemp);
+ * its path in out. 0 or -1 (errno). The caller unlinks it. */
+int bench_temp_file(const char *tag, char *out, size_t cap);
 
 #endif

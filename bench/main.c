@@ -18,7 +18,8 @@ typedef struct {
 static const subcommand subcommands[] = {
     {"codecs", bench_codecs_main,
      "every codec's compression ratio, error, and encode/decode speed vs memcpy"},
-    {"allreduce", NULL, "compressed collectives vs the dense ring (not implemented yet)"},
+    {"allreduce", bench_allreduce_main,
+     "AllReduce time, algbw and busbw, dense or compressed, optionally vs Open MPI"},
     {"train", NULL, "accuracy against bytes on the wire (not implemented yet)"},
 };
 #define N_SUBCOMMANDS (sizeof subcommands / sizeof subcommands[0])

@@ -47,7 +47,8 @@
  *
  * Not summable: the sum of P Q^T over ranks is not (sum P)(sum Q)^T. The
  * collectives must run PowerSGD's two rounds (all-reduce P, orthonormalise,
- * recompute Q, all-reduce Q) themselves.
+ * recompute Q, all-reduce Q) themselves, through the steps at the end of
+ * this file (compress/powersgd.h).
  *
  * Determinism: encode and decode are deterministic on one machine for a
  * given OpenBLAS build and thread count, but OpenBLAS picks its sgemm kernel
@@ -71,6 +72,7 @@
 #include "common/rng.h"
 #include "compress/codec_internal.h"
 #include "compress/kernels.h"
+#include "compress/powersgd.h"
 
 #define PSGD_HEAD 4u
 #define PSGD_MODE_DENSE 0u
@@ -173,8 +175,8 @@ static double psgd_bits(const void *self) {
 /* The initial Q: roughly Gaussian entries (a sum of four 16-bit uniforms,
  * integer arithmetic and one exact scaling by 2^-15), deterministic on every
  * machine. The scale does not matter: P is orthonormalised. */
-static void psgd_init_q(psgd_codec *c, const terse_encode_ctx *ctx) {
-    uint64_t key = terse__rng_key(ctx->seed, 0, ctx->tensor, 0);
+static void psgd_init_q(psgd_codec *c, uint64_t seed, uint64_t tensor) {
+    uint64_t key = terse__rng_key(seed, 0, tensor, 0);
     size_t m = c->cols * c->rank;
     for (size_t i = 0; i < m; i++) {
         uint64_t u = terse__rng_u64(key, i);
@@ -195,6 +197,39 @@ static int q_usable(const float *q, size_t m) {
     return nonzero;
 }
 
+/* 2. P = M Q: M is the column-major cols x rows matrix x, transposed. */
+static void project(psgd_codec *c, const float *x) {
+    const int m = (int)c->rows, k = (int)c->cols, r = (int)c->rank;
+    cblas_sgemm(CblasColMajor, CblasTrans, CblasNoTrans, m, r, k, 1.0f, x, k, c->q, k, 0.0f,
+                c->p, m);
+}
+
+/* 3. Orthonormalise the columns of P in place (Householder QR). */
+static terse_status orthonormalise(psgd_codec *c) {
+    const int m = (int)c->rows, r = (int)c->rank;
+    lapack_int info = LAPACKE_sgeqrf_work(LAPACK_COL_MAJOR, m, r, c->p, m, c->tau, c->work,
+                                          c->lwork);
+    if (info == 0)
+        info = LAPACKE_sorgqr_work(LAPACK_COL_MAJOR, m, r, r, c->p, m, c->tau, c->work,
+                                   c->lwork);
+    if (info != 0)
+        return TERSE_ERROR(TERSE_ERR_INTERNAL, "powersgd: LAPACK QR of %d x %d failed (info %d)",
+                           m, r, (int)info);
+    return TERSE_OK;
+}
+
+/* 4. Q = M^T P, overwriting the warm start it came from. It is computed
+ * from P^T, transposed here in O(rows R), because OpenBLAS 0.3.21's
+ * small-matrix sgemm kernel for NoTrans x NoTrans (AVX-512) calls malloc
+ * on every call, and encode must not allocate. */
+static void back_project(psgd_codec *c, const float *x) {
+    const int m = (int)c->rows, k = (int)c->cols, r = (int)c->rank;
+    for (size_t j = 0; j < c->rank; j++)
+        for (size_t i = 0; i < c->rows; i++) c->pt[i * c->rank + j] = c->p[j * c->rows + i];
+    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasTrans, k, r, m, 1.0f, x, k, c->pt, r, 0.0f,
+                c->q, k);
+}
+
 static terse_status psgd_encode(void *self, const terse_encode_ctx *ctx, const float *x,
                                 uint8_t *payload, size_t cap, size_t *len) {
     (void)cap;
@@ -207,28 +242,10 @@ static terse_status psgd_encode(void *self, const terse_encode_ctx *ctx, const f
         *len = PSGD_HEAD + 4 * c->n;
         return TERSE_OK;
     }
-    const int m = (int)c->rows, k = (int)c->cols, r = (int)c->rank;
-    if (!c->initialised) psgd_init_q(c, ctx);
-
-    /* P = M Q: M is the column-major cols x rows matrix x, transposed. */
-    cblas_sgemm(CblasColMajor, CblasTrans, CblasNoTrans, m, r, k, 1.0f, x, k, c->q, k, 0.0f,
-                c->p, m);
-    lapack_int info = LAPACKE_sgeqrf_work(LAPACK_COL_MAJOR, m, r, c->p, m, c->tau, c->work,
-                                          c->lwork);
-    if (info == 0)
-        info = LAPACKE_sorgqr_work(LAPACK_COL_MAJOR, m, r, r, c->p, m, c->tau, c->work,
-                                   c->lwork);
-    if (info != 0)
-        return TERSE_ERROR(TERSE_ERR_INTERNAL, "powersgd: LAPACK QR of %d x %d failed (info %d)",
-                           m, r, (int)info);
-    /* Q = M^T P, overwriting the warm start it came from. It is computed
-     * from P^T, transposed here in O(rows R), because OpenBLAS 0.3.21's
-     * small-matrix sgemm kernel for NoTrans x NoTrans (AVX-512) calls
-     * malloc on every call, and encode must not allocate. */
-    for (size_t j = 0; j < c->rank; j++)
-        for (size_t i = 0; i < c->rows; i++) c->pt[i * c->rank + j] = c->p[j * c->rows + i];
-    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasTrans, k, r, m, 1.0f, x, k, c->pt, r, 0.0f,
-                c->q, k);
+    if (!c->initialised) psgd_init_q(c, ctx->seed, ctx->tensor);
+    project(c, x);
+    TERSE_CHECK(orthonormalise(c));
+    back_project(c, x);
 
     size_t pbytes = 4 * c->rows * c->rank, qbytes = 4 * c->cols * c->rank;
     payload[0] = PSGD_MODE_LOWRANK;
@@ -338,3 +355,47 @@ const terse_codec_ops terse__codec_powersgd = {
     .state_save = psgd_state_save,
     .state_load = psgd_state_load,
 };
+
+/* ---- the steps, for the all-reduce (compress/powersgd.h) ---- */
+
+terse_status terse__powersgd_factors_of(terse_codec *codec, terse__powersgd_factors *f) {
+    if (!codec || codec->ops.id != TERSE_ID_POWERSGD)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "codec '%s' is not powersgd",
+                           codec ? codec->spec : "(null)");
+    psgd_codec *c = codec->self;
+    f->rows = c->rows;
+    f->cols = c->cols;
+    f->rank = c->rank;
+    f->p = c->p;
+    f->q = c->q;
+    f->residual = codec->residual;
+    return TERSE_OK;
+}
+
+void terse__powersgd_project(terse_codec *codec, const float *m) {
+    psgd_codec *c = codec->self;
+    if (!c->initialised) psgd_init_q(c, codec->seed, codec->tensor);
+    project(c, m);
+}
+
+terse_status terse__powersgd_orthonormalise(terse_codec *codec) {
+    return orthonormalise(codec->self);
+}
+
+void terse__powersgd_back_project(terse_codec *codec, const float *m) {
+    back_project(codec->self, m);
+}
+
+void terse__powersgd_expand(terse_codec *codec, float alpha, int accumulate, float *dst) {
+    psgd_codec *c = codec->self;
+    /* Row-major dst = P Q^T is column-major dst^T = Q P^T, as in decode. */
+    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasTrans, (int)c->cols, (int)c->rows,
+                (int)c->rank, alpha, c->q, (int)c->cols, c->p, (int)c->rows,
+                accumulate ? 1.0f : 0.0f, dst, (int)c->cols);
+}
+
+void terse__powersgd_end_step(terse_codec *codec) {
+    psgd_codec *c = codec->self;
+    if (c->rank && !q_usable(c->q, c->cols * c->rank)) c->initialised = 0;
+    codec->step++;
+}

@@ -457,9 +457,10 @@ TERSE_API terse_status terse_broadcast(terse_comm *comm, void *buf, size_t bytes
 /*
  * Gather variable-size contributions: recv receives every rank's send
  * buffer concatenated in rank order; counts (nranks entries, may be NULL)
- * receives each rank's byte count. If recv_cap is smaller than the total,
- * every rank returns TERSE_ERR_DST_TOO_SMALL (sizes are exchanged first) and
- * the communicator remains usable.
+ * receives each rank's byte count. If any rank's recv_cap is smaller than
+ * the total, every rank returns TERSE_ERR_DST_TOO_SMALL (sizes are exchanged
+ * first; counts is still filled, so the caller can size recv and call
+ * again) and the communicator remains usable.
  */
 TERSE_API terse_status terse_allgather(terse_comm *comm, const void *send, size_t send_bytes,
                                        void *recv, size_t recv_cap, size_t *counts);

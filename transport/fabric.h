@@ -27,8 +27,15 @@ typedef struct terse__fabric terse__fabric;
 
 /* Open the endpoint. provider: "shm", "tcp", "verbs", "efa" or "auto" (see
  * terse.h; "auto" with all ranks on one host picks shm -- the caller passes
- * same_host). An absent provider fails with TERSE_ERR_TRANSPORT and a
- * sentence listing what fi_getinfo offers. */
+ * same_host). An unknown name fails with TERSE_ERR_INVALID; an absent
+ * provider with TERSE_ERR_TRANSPORT and a sentence listing what fi_getinfo
+ * offers.
+ * Environment: TERSE_IFACE names the interface (tcp) or device (verbs,
+ * efa) to use -- e.g. the veth of a network namespace; without it tcp uses
+ * loopback when same_host, else libfabric's first choice. TERSE_CHUNK_BYTES
+ * (default 1 MiB, k/m/g suffixes) must be equal on every rank (set_peers
+ * checks). TERSE_FABRIC_REGISTER=1 registers buffers even where the
+ * provider does not ask (tests the FI_MR_LOCAL path). */
 terse_status terse__fabric_open(const char *provider, int same_host, int rank, int nranks,
                                 terse__fabric **out);
 void terse__fabric_close(terse__fabric *f);
@@ -36,7 +43,8 @@ void terse__fabric_close(terse__fabric *f);
 /* "tcp;ofi_rxm", "shm", ... */
 const char *terse__fabric_provider(const terse__fabric *f);
 
-/* This endpoint's address (fi_getname); *len in: capacity, out: size. */
+/* This endpoint's address (fi_getname) plus what ranks must agree on;
+ * *len in: capacity, out: size, which is the same on every rank (256). */
 terse_status terse__fabric_name(terse__fabric *f, void *buf, size_t *len);
 
 /* Insert every rank's address (nranks names of name_len bytes each, in rank
@@ -55,7 +63,9 @@ typedef struct terse__fabric_req {
     int error;                   /* a terse_status once failed */
 } terse__fabric_req;
 
-/* Start a send/receive of len bytes (len may be 0). */
+/* Start a send/receive of len bytes (len may be 0). tag < 2^48; keep
+ * (peer, tag) distinct among messages in flight at once. Never blocks:
+ * what the provider cannot take yet is posted by terse__fabric_wait. */
 terse_status terse__fabric_isend(terse__fabric *f, int peer, uint64_t tag, const void *buf,
                                  size_t len, terse__fabric_req *req);
 terse_status terse__fabric_irecv(terse__fabric *f, int peer, uint64_t tag, void *buf, size_t len,
@@ -66,7 +76,9 @@ terse_status terse__fabric_irecv(terse__fabric *f, int peer, uint64_t tag, void 
  * first incomplete peer and direction. A completion error (peer gone)
  * returns TERSE_ERR_PEER_LOST naming the peer. `alive` (may be NULL) is
  * called between polls; a non-OK status from it aborts the wait with that
- * status (the bootstrap store uses it to report a lost rank early). */
+ * status (the bootstrap store uses it to report a lost rank early). After
+ * any error or timeout the fabric refuses everything but close, which
+ * returns promptly even with operations posted to a dead peer. */
 typedef terse_status (*terse__fabric_alive_fn)(void *arg);
 terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_t n,
                                 uint64_t deadline_ns, terse__fabric_alive_fn alive, void *arg);

@@ -15,10 +15,15 @@ typedef struct terse__launch {
     char source[64];    /* which launcher's variables were used, for messages */
 } terse__launch;
 
-/* Fill *out from cfg, then the environment for anything cfg leaves unset.
- * Contradictions (e.g. rank >= nranks, a malformed number, nranks > 1
- * without a token or address) fail with TERSE_ERR_INVALID and a sentence
- * naming the variable. */
+/* Fill *out from cfg (NULL: all from the environment), then the environment
+ * for anything cfg leaves unset. Rank and size are each taken from the
+ * first of: cfg, TERSE_RANK/TERSE_SIZE, RANK/WORLD_SIZE (torchrun),
+ * OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS;
+ * with none of them set the job is one process (rank 0 of 1). With
+ * nranks == 1 there is no store, so addr and token are left empty and not
+ * required. Contradictions (e.g. rank >= nranks, a malformed number,
+ * nranks > 1 without a token or address) fail with TERSE_ERR_INVALID and a
+ * sentence naming the variable and its value (never the token's value). */
 terse_status terse__launch_resolve(const terse_comm_config *cfg, terse__launch *out);
 
 #endif

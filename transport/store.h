@@ -4,8 +4,10 @@
  * Every connection is authenticated before it may do anything: the server
  * sends a random 32-byte nonce, the client answers with
  * HMAC-SHA256(token, nonce || "terse-store-v1" || rank) and its own nonce,
- * the server answers with HMAC over the client's nonce (mutual proof), all
- * with OpenSSL's libcrypto. A wrong answer, a malformed frame, an oversized
+ * the server answers with HMAC over both nonces under a different label
+ * (mutual proof: a client sends nothing more to a server that cannot
+ * prove it knows the token), all with OpenSSL's libcrypto. Wire details
+ * are in store_wire.h. A wrong answer, a malformed frame, an oversized
  * value or a silent client is dropped and logged to stderr; the server
  * keeps serving legitimate ranks. The server binds only to the address it is
  * given.
@@ -29,16 +31,30 @@ typedef struct terse__store terse__store;
  * timeout_ms. token must be non-empty. */
 terse_status terse__store_open(const char *addr, int rank, int nranks, const char *token,
                                int timeout_ms, terse__store **out);
+/* Say goodbye (so the others are not told this rank was lost) and
+ * disconnect. On rank 0 this also stops the server, after waiting up to
+ * timeout_ms for the other ranks to disconnect, so that no rank loses the
+ * store while it still reads the last allgather. NULL is accepted. */
 void terse__store_close(terse__store *s);
+/* Leave after an error, at once: no goodbye, so the others are told this
+ * rank was lost (on rank 0 the server stops without waiting, and the others
+ * lose the store). NULL is accepted. */
+void terse__store_abandon(terse__store *s);
 
-/* Set key to value (<= 64 KiB); get blocks until the key exists or the
- * timeout passes (*len in: capacity, out: size). */
+/* Set key (1..255 bytes) to value (<= 64 KiB); get blocks until the key
+ * exists or the timeout passes (*len in: capacity, out: size; a larger
+ * value gives TERSE_ERR_DST_TOO_SMALL with *len set; timeout_ms <= 0 means
+ * the timeout given to terse__store_open). After a rank or the store is
+ * lost every call returns TERSE_ERR_PEER_LOST. */
 terse_status terse__store_set(terse__store *s, const char *key, const void *val, size_t len);
 terse_status terse__store_get(terse__store *s, const char *key, void *val, size_t *len,
                               int timeout_ms);
 
-/* Every rank contributes `len` bytes; all receive nranks*len bytes in rank
- * order (built on set/get). */
+/* Every rank contributes `len` bytes (<= 64 KiB); all receive nranks*len
+ * bytes in rank order. Built on set/get: rank r sets "ag/<seq>/<r>" and
+ * gets every rank's key; seq counts calls, so every rank must call it the
+ * same number of times. A contribution of another length fails with
+ * TERSE_ERR_INVALID naming the rank. */
 terse_status terse__store_allgather(terse__store *s, const void *mine, size_t len, void *all,
                                     int timeout_ms);
 

@@ -1,0 +1,303 @@
+/* The communicator: joining a job, leaving it, statistics, and the
+ * services every collective shares (deadline, tags, accounting, waiting,
+ * failure).
+ *
+ * Joining, in order:
+ *   1. Resolve rank, size, address, provider, token and timeout from the
+ *      config and the launcher's environment (transport/launch_env.h).
+ *   2. Connect to rank 0's bootstrap store (rank 0 starts it), which
+ *      authenticates us with the job token.
+ *   3. Publish our host name through the store; if every rank is on this
+ *      host, "auto" may choose shared memory.
+ *   4. Open the libfabric endpoint and publish its name through the store.
+ *   5. Insert every rank's name into the address vector.
+ *   6. Wait, through the store, until every rank has done step 5: a
+ *      message from a rank we have not inserted yet could not be matched
+ *      by a receive directed at that rank.
+ * A single rank needs no store and no token; it still opens the endpoint
+ * so that the provider it reports is real. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "algos/comm.h"
+#include "common/bytes.h"
+#include "common/error.h"
+#include "transport/launch_env.h"
+
+#define HOST_BYTES 256
+#define NAME_BYTES 256
+
+/* After the store reports a lost rank (or its own end), requests already
+ * on the wire still get this long to complete: a collective whose data has
+ * all been sent may still finish, and the transport, which sees the peer
+ * directly, may have a more precise error to give. */
+#define STORE_LOSS_GRACE_NS 500000000ull
+
+static terse_status comm_alive(void *arg) {
+    terse_comm *c = arg;
+    terse_status s = terse__store_check(c->store);
+    if (s == TERSE_OK) return TERSE_OK;
+    uint64_t now = terse__now_ns();
+    if (!c->store_lost_ns) c->store_lost_ns = now;
+    if (now - c->store_lost_ns < STORE_LOSS_GRACE_NS) return TERSE_OK;
+    c->store_said = 1;
+    return s;
+}
+
+/* Step 3: 1 if every rank's host name equals ours. */
+static terse_status same_host_check(terse_comm *c, int timeout_ms, int *same) {
+    char mine[HOST_BYTES] = {0};
+    if (gethostname(mine, sizeof mine - 1) != 0) strcpy(mine, "?");
+    char *all = malloc((size_t)c->nranks * HOST_BYTES);
+    if (!all) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating host names", c->rank);
+    terse_status s = terse__store_allgather(c->store, mine, HOST_BYTES, all, timeout_ms);
+    if (s == TERSE_OK) {
+        *same = 1;
+        for (int r = 0; r < c->nranks; r++)
+            if (memcmp(all + (size_t)r * HOST_BYTES, mine, HOST_BYTES) != 0) *same = 0;
+    }
+    free(all);
+    return s;
+}
+
+/* Steps 4-6 for more than one rank: exchange endpoint names. Every name
+ * travels as a u32 length and NAME_BYTES of name, so ranks whose names
+ * differ in length are caught here rather than as a mismatched AV. */
+static terse_status exchange_names(terse_comm *c, int timeout_ms) {
+    uint8_t mine[4 + NAME_BYTES] = {0};
+    size_t len = NAME_BYTES;
+    TERSE_CHECK(terse__fabric_name(c->fabric, mine + 4, &len));
+    terse__put_u32(mine, (uint32_t)len);
+    size_t N = (size_t)c->nranks;
+    uint8_t *all = malloc(N * sizeof mine), *names = malloc(N * len + 1);
+    terse_status s = TERSE_OK;
+    if (!all || !names)
+        TERSE_FAIL_GOTO(s, out, TERSE_ERR_NOMEM, "rank %d: allocating endpoint names", c->rank);
+    TERSE_CHECK_GOTO(terse__store_allgather(c->store, mine, sizeof mine, all, timeout_ms), s, out);
+    for (size_t r = 0; r < N; r++) {
+        uint32_t l = terse__get_u32(all + r * sizeof mine);
+        if (l != len)
+            TERSE_FAIL_GOTO(s, out, TERSE_ERR_TRANSPORT,
+                            "rank %d: rank %zu's endpoint name is %u bytes, ours is %zu "
+                            "(different providers?)",
+                            c->rank, r, l, len);
+        memcpy(names + r * len, all + r * sizeof mine + 4, len);
+    }
+    TERSE_CHECK_GOTO(terse__fabric_set_peers(c->fabric, names, len), s, out);
+    /* 6: everyone has inserted everyone */
+    uint8_t ready = 1;
+    TERSE_CHECK_GOTO(terse__store_allgather(c->store, &ready, 1, all, timeout_ms), s, out);
+out:
+    free(all);
+    free(names);
+    return s;
+}
+
+terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out) {
+    if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_comm_init: out pointer is NULL");
+    *out = NULL;
+    terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+    if (config) {
+        if (config->size < sizeof(size_t) || config->size > 4096)
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "terse_comm_init: config->size is %zu; start from "
+                               "TERSE_COMM_CONFIG_INIT",
+                               config->size);
+        /* An older, shorter config leaves the newer fields at their defaults. */
+        memcpy(&cfg, config, config->size < sizeof cfg ? config->size : sizeof cfg);
+        cfg.size = sizeof cfg;
+    }
+    terse__launch L;
+    TERSE_CHECK(terse__launch_resolve(&cfg, &L));
+
+    terse_status s = TERSE_OK;
+    terse_comm *c = calloc(1, sizeof *c);
+    if (!c) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating a communicator", L.rank);
+    c->rank = L.rank;
+    c->nranks = L.nranks;
+    c->timeout_ms = L.timeout_ms > 0 ? L.timeout_ms : 60000;
+    c->stats = (terse_comm_stats)TERSE_COMM_STATS_INIT;
+
+    int same = 1;
+    if (c->nranks > 1) {
+        TERSE_CHECK_GOTO(terse__store_open(L.addr, c->rank, c->nranks, L.token, c->timeout_ms,
+                                           &c->store),
+                         s, fail);
+        TERSE_CHECK_GOTO(same_host_check(c, c->timeout_ms, &same), s, fail);
+    }
+    TERSE_CHECK_GOTO(terse__fabric_open(L.provider[0] ? L.provider : "auto", same, c->rank,
+                                        c->nranks, &c->fabric),
+                     s, fail);
+    snprintf(c->provider, sizeof c->provider, "%s", terse__fabric_provider(c->fabric));
+    if (c->nranks > 1) {
+        TERSE_CHECK_GOTO(exchange_names(c, c->timeout_ms), s, fail);
+    } else {
+        uint8_t name[NAME_BYTES];
+        size_t len = sizeof name;
+        TERSE_CHECK_GOTO(terse__fabric_name(c->fabric, name, &len), s, fail);
+        TERSE_CHECK_GOTO(terse__fabric_set_peers(c->fabric, name, len), s, fail);
+    }
+    *out = c;
+    return TERSE_OK;
+fail:
+    c->failed = 1;
+    terse_comm_free(c);
+    return s;
+}
+
+void terse_comm_free(terse_comm *c) {
+    if (!c) return;
+    /* The endpoint first: once it is closed nothing can complete into our
+     * requests or buffers. The store last: after a clean run its goodbye
+     * tells the others this rank left rather than died; after a failure we
+     * leave without one, so that ranks still waiting on us are told at
+     * once that we are gone instead of running into their timeout. */
+    terse__fabric_close(c->fabric);
+    if (c->failed)
+        terse__store_abandon(c->store);
+    else
+        terse__store_close(c->store);
+    for (int i = 0; i < TERSE__COMM_SCRATCH; i++) free(c->scratch[i]);
+    free(c);
+}
+
+int terse_comm_rank(const terse_comm *c) { return c ? c->rank : -1; }
+int terse_comm_size(const terse_comm *c) { return c ? c->nranks : 0; }
+const char *terse_comm_provider(const terse_comm *c) { return c ? c->provider : ""; }
+
+terse_status terse_comm_get_stats(const terse_comm *c, terse_comm_stats *stats) {
+    if (!c || !stats) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_comm_get_stats: NULL argument");
+    if (stats->size < sizeof(size_t))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_comm_get_stats: stats->size is %zu; start from "
+                           "TERSE_COMM_STATS_INIT",
+                           stats->size);
+    /* Fill only what the caller's (possibly older) struct holds. */
+    size_t size = stats->size < sizeof c->stats ? stats->size : sizeof c->stats;
+    memcpy((char *)stats + sizeof(size_t), (const char *)&c->stats + sizeof(size_t),
+           size - sizeof(size_t));
+    return TERSE_OK;
+}
+
+void terse_comm_reset_stats(terse_comm *c) {
+    if (c) c->stats = (terse_comm_stats)TERSE_COMM_STATS_INIT;
+}
+
+/* ---- services for the algorithms ---- */
+
+terse_status terse__comm_begin(terse_comm *c, const char *what) {
+    if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: communicator is NULL", what);
+    if (c->failed)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "%s on rank %d: communicator failed earlier: %s",
+                           what, c->rank, c->failure);
+    c->deadline_ns = terse__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    c->store_lost_ns = 0;
+    c->store_said = 0;
+    return TERSE_OK;
+}
+
+terse_status terse__comm_end(terse_comm *c, terse_status s, int keep_usable) {
+    if (s == TERSE_OK) {
+        c->stats.ops++;
+    } else if (!keep_usable && !c->failed) {
+        c->failed = 1;
+        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+    }
+    return s;
+}
+
+void terse__comm_next_phase(terse_comm *c) { c->seq++; }
+
+uint64_t terse__comm_tag(const terse_comm *c, uint64_t msg) {
+    uint64_t seq = c->seq & ((1u << TERSE__TAG_SEQ_BITS) - 1);
+    return (seq << TERSE__TAG_MSG_BITS) | (msg & ((1u << TERSE__TAG_MSG_BITS) - 1));
+}
+
+static void count(terse_comm *c, size_t len, terse__bytes_kind kind, int send) {
+    if (send) {
+        if (kind == TERSE__BYTES_PAYLOAD) c->stats.payload_bytes_sent += len;
+        c->stats.wire_bytes_sent += len;
+    } else {
+        if (kind == TERSE__BYTES_PAYLOAD) c->stats.payload_bytes_recv += len;
+        c->stats.wire_bytes_recv += len;
+    }
+}
+
+terse_status terse__comm_isend(terse_comm *c, int peer, uint64_t tag, const void *buf,
+                               size_t len, terse__bytes_kind kind, terse__fabric_req *req) {
+    TERSE_CHECK(terse__fabric_isend(c->fabric, peer, tag, buf, len, req));
+    count(c, len, kind, 1);
+    return TERSE_OK;
+}
+
+terse_status terse__comm_irecv(terse_comm *c, int peer, uint64_t tag, void *buf, size_t len,
+                               terse__bytes_kind kind, terse__fabric_req *req) {
+    TERSE_CHECK(terse__fabric_irecv(c->fabric, peer, tag, buf, len, req));
+    count(c, len, kind, 0);
+    return TERSE_OK;
+}
+
+const char *terse__comm_last_sentence(void) {
+    const char *e = terse_last_error(), *colon = strstr(e, ": ");
+    return strncmp(e, "TERSE_", 6) == 0 && colon ? colon + 2 : e;
+}
+
+/* A transport error names the peer this rank was talking to, which may only
+ * be a bystander: when rank 2 dies, rank 0 notices first, gives up and
+ * leaves, and rank 1 then sees rank 0 vanish. The store knows the first
+ * cause (it reports ranks that dropped without a goodbye), so on a lost
+ * peer we ask it, giving its notice a short grace to arrive; on a timeout
+ * the store has had the whole timeout already, so we ask once. */
+static terse_status explain(terse_comm *c, terse_status s) {
+    char here[400];
+    snprintf(here, sizeof here, "%s", terse__comm_last_sentence());
+    uint64_t until = terse__now_ns() + (s == TERSE_ERR_PEER_LOST ? STORE_LOSS_GRACE_NS : 0);
+    for (;;) {
+        if (terse__store_check(c->store) != TERSE_OK) {
+            char cause[400];
+            snprintf(cause, sizeof cause, "%s", terse__comm_last_sentence());
+            return TERSE_ERROR(TERSE_ERR_PEER_LOST, "%s; on rank %d this surfaced as: %s", cause,
+                               c->rank, here);
+        }
+        if (terse__now_ns() >= until) break;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    return s; /* terse_last_error() still holds `here` */
+}
+
+terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) {
+    if (n == 0) return TERSE_OK;
+    uint64_t t0 = terse__now_ns();
+    terse_status s = terse__fabric_wait(c->fabric, reqs, n, c->deadline_ns,
+                                        c->store ? comm_alive : NULL, c);
+    if ((s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT) && c->store && !c->store_said)
+        s = explain(c, s);
+    c->stats.network_seconds += (double)(terse__now_ns() - t0) * 1e-9;
+    return s;
+}
+
+void *terse__comm_scratch(terse_comm *c, int slot, size_t bytes) {
+    if (bytes == 0) bytes = 64;
+    if (c->scratch_cap[slot] >= bytes) return c->scratch[slot];
+    free(c->scratch[slot]);
+    c->scratch[slot] = NULL;
+    c->scratch_cap[slot] = 0;
+    size_t want = (bytes + 63) & ~(size_t)63;
+    void *p = NULL;
+    if (want < bytes || posix_memalign(&p, 64, want) != 0) {
+        TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating %zu bytes of collective scratch",
+                    c->rank, bytes);
+        return NULL;
+    }
+    c->scratch[slot] = p;
+    c->scratch_cap[slot] = want;
+    return p;
+}
+
+void terse__comm_codec_time(terse_comm *c, uint64_t t0_ns) {
+    c->stats.codec_seconds += (double)(terse__now_ns() - t0_ns) * 1e-9;
+}

@@ -1,0 +1,132 @@
+/* The communicator as the algorithms see it, and the few services every
+ * collective shares: the per-call deadline, tags, posting with byte
+ * accounting, waiting with liveness checks, and failure bookkeeping.
+ *
+ * Algorithms (one per file, gloo style) include only this header and
+ * transport/fabric.h's request type; they never touch libfabric. */
+#ifndef TERSE_ALGOS_COMM_H
+#define TERSE_ALGOS_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "terse.h"
+#include "transport/fabric.h"
+#include "transport/store.h"
+
+/* Requests in flight at once for one collective. They live in the
+ * communicator, not on an algorithm's stack: after an aborted wait the
+ * transport may still hold pointers to them until terse_comm_free closes
+ * the endpoint. */
+#define TERSE__COMM_MAX_REQS 64
+
+/* Scratch buffers an algorithm may hold at once (grow-only, kept between
+ * calls so steady-state collectives do not allocate). */
+#define TERSE__COMM_SCRATCH 4
+
+/* Tags: the low 48 bits belong to us (the transport owns the high 16).
+ * seq (20 bits, the collective's sequence number on this communicator)
+ * keeps consecutive collectives from ever matching each other's messages;
+ * the message index (28 bits) keeps the messages of one collective apart.
+ * Both wrap harmlessly: two messages with the same tag would have to be
+ * 2^20 collectives or 2^28 messages apart and in flight together. */
+#define TERSE__TAG_SEQ_BITS 20
+#define TERSE__TAG_MSG_BITS 28
+
+/* How bytes count in terse_comm_stats: the collective's data, or terse's
+ * own framing around it (size exchanges). */
+typedef enum { TERSE__BYTES_PAYLOAD = 0, TERSE__BYTES_FRAMING = 1 } terse__bytes_kind;
+
+struct terse_comm {
+    int rank, nranks;
+    int timeout_ms;
+    terse__store *store;   /* NULL for a single rank */
+    terse__fabric *fabric; /* NULL for a single rank */
+    char provider[64];
+
+    uint32_t seq;         /* bumped once per collective phase, on every rank */
+    uint64_t deadline_ns; /* of the call in progress */
+    uint64_t store_lost_ns; /* when the store first reported a loss (0: never) */
+    int store_said;         /* the wait failed because the store reported a loss */
+
+    int failed;
+    char failure[512]; /* the sentence of the first error */
+
+    terse_comm_stats stats;
+
+    terse__fabric_req reqs[TERSE__COMM_MAX_REQS];
+    void *scratch[TERSE__COMM_SCRATCH];
+    size_t scratch_cap[TERSE__COMM_SCRATCH];
+};
+
+/* Start a collective: refuse a failed communicator (TERSE_ERR_INVALID,
+ * quoting the first failure), set the deadline now + timeout. */
+terse_status terse__comm_begin(terse_comm *c, const char *what);
+
+/* Finish a collective with status s: on success count the op; on any
+ * error except a consistent TERSE_ERR_DST_TOO_SMALL (keep_usable) remember
+ * the sentence and mark the communicator failed. Returns s. */
+terse_status terse__comm_end(terse_comm *c, terse_status s, int keep_usable);
+
+/* Start a new phase: a fresh sequence number for its tags. Every rank runs
+ * the same phases in the same order, so the numbers agree. */
+void terse__comm_next_phase(terse_comm *c);
+
+/* The tag of message `msg` in the current phase. */
+uint64_t terse__comm_tag(const terse_comm *c, uint64_t msg);
+
+/* Post a send / receive through the transport, counting its bytes. */
+terse_status terse__comm_isend(terse_comm *c, int peer, uint64_t tag, const void *buf,
+                               size_t len, terse__bytes_kind kind, terse__fabric_req *req);
+terse_status terse__comm_irecv(terse_comm *c, int peer, uint64_t tag, void *buf, size_t len,
+                               terse__bytes_kind kind, terse__fabric_req *req);
+
+/* Wait for reqs[0..n) until the call's deadline, checking the store for
+ * lost ranks; the time spent counts as network time. */
+terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n);
+
+/* Scratch buffer `slot` of at least `bytes` (64-byte aligned), or NULL
+ * after recording TERSE_ERR_NOMEM. Contents are not preserved across
+ * growth. */
+void *terse__comm_scratch(terse_comm *c, int slot, size_t bytes);
+
+/* terse_last_error() without its leading status name, for quoting one
+ * sentence inside another. */
+const char *terse__comm_last_sentence(void);
+
+/* Add the time since t0_ns to codec_seconds. */
+void terse__comm_codec_time(terse_comm *c, uint64_t t0_ns);
+
+/* ---- algorithms (one file each) ---- */
+
+/* Dense fp32 sum in place (any n, including 0). Chooses recursive doubling
+ * for small buffers and the pipelined ring for large ones. If divide is
+ * nonzero the result is divided by nranks (op average). */
+terse_status terse__allreduce_dense(terse_comm *c, float *buf, size_t n, int divide);
+terse_status terse__allreduce_ring(terse_comm *c, float *buf, size_t n, int divide);
+terse_status terse__allreduce_rd(terse_comm *c, float *buf, size_t n, int divide);
+
+/* Buffers at most this many bytes take recursive doubling (TERSE_RD_MAX_BYTES). */
+size_t terse__rd_max_bytes(void);
+
+/* Compressed paths, chosen by terse_allreduce from the codec's traits. */
+terse_status terse__allreduce_gather(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                     terse_op op);
+terse_status terse__allreduce_summable(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                       terse_op op);
+terse_status terse__allreduce_powersgd(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                       terse_op op);
+/* Nonzero if terse__allreduce_summable knows how to add this codec's
+ * payloads (the built-in none and randk). */
+int terse__summable_supported(const terse_codec *codec);
+
+/* Exchange one 8-byte value per rank (framing): all[r] = rank r's value. */
+terse_status terse__allgather_u64(terse_comm *c, uint64_t mine, uint64_t *all);
+
+/* Ring all-gather of variable blocks already sized: block r lives at
+ * buf + off[r] and is len[r] bytes; this rank's block is already in place.
+ * Counts as payload. */
+terse_status terse__allgatherv_ring(terse_comm *c, uint8_t *buf, const size_t *off,
+                                    const size_t *len);
+
+#endif

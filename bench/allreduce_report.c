@@ -1,0 +1,199 @@
+/* terse-bench allreduce: the records that carry rows between processes, and
+ * the table and CSV a person reads. The column definitions are in the
+ * --help text (allreduce.c); the arithmetic for them is here. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allreduce.h"
+
+/* ---------------------------------------------------------------- numbers */
+
+static int is_dense(const ar_row *r) {
+    return r->is_mpi || strcmp(r->spec, AR_DENSE) == 0;
+}
+
+/* 2(N-1)/N: the share of the buffer each rank's link carries in a ring
+ * all-reduce, which turns algbw into busbw (nccl-tests' PERFORMANCE.md). */
+static double bus_factor(int nranks) {
+    return nranks > 1 ? 2.0 * (nranks - 1) / nranks : 0.0;
+}
+
+double ar_effective_algbw(const ar_row *r) {
+    return r->time_s > 0 ? 1e-9 * (double)r->bytes / r->time_s : 0.0;
+}
+
+double ar_busbw(const ar_row *r) {
+    if (r->time_s <= 0) return 0.0;
+    if (is_dense(r)) return ar_effective_algbw(r) * bus_factor(r->nranks);
+    return 1e-9 * r->wire_sent / r->time_s;
+}
+
+double ar_algbw(const ar_row *r) {
+    if (is_dense(r)) return ar_effective_algbw(r);
+    double f = bus_factor(r->nranks);
+    return f > 0 ? ar_busbw(r) / f : 0.0;
+}
+
+/* ---------------------------------------------------------------- records */
+
+/* Copy with tabs and line breaks made spaces, so a field stays one field. */
+static void field_copy(char *dst, size_t cap, const char *src) {
+    size_t i = 0;
+    for (; src[i] && i + 1 < cap; i++)
+        dst[i] = (src[i] == '\t' || src[i] == '\n' || src[i] == '\r') ? ' ' : src[i];
+    dst[i] = '\0';
+}
+
+void ar_record_write(FILE *f, const ar_row *r) {
+    char spec[sizeof r->spec], provider[sizeof r->provider], error[sizeof r->error];
+    field_copy(spec, sizeof spec, r->spec);
+    field_copy(provider, sizeof provider, r->provider);
+    field_copy(error, sizeof error, r->error);
+    /* %.17g: every double reads back bit for bit. */
+    fprintf(f,
+            "%s\t%s\t%s\t%d\t%zu\t%zu\t%zu\t%d\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%d\t%s\n",
+            r->is_mpi ? "mpi" : "terse", spec, provider, r->nranks, r->rows, r->cols, r->bytes,
+            r->iters, r->time_s, r->mean_s, r->wire_sent, r->payload_sent, r->codec_s, r->net_s,
+            r->ok, error);
+}
+
+/* Split line at tabs into at most cap fields; returns how many. */
+static int split_tabs(char *line, char **fields, int cap) {
+    int n = 0;
+    char *p = line;
+    while (n < cap) {
+        fields[n++] = p;
+        char *tab = strchr(p, '\t');
+        if (!tab) break;
+        *tab = '\0';
+        p = tab + 1;
+    }
+    return n;
+}
+
+static int parse_record(char *line, ar_row *r) {
+    char *nl = strchr(line, '\n');
+    if (nl) *nl = '\0';
+    char *f[16];
+    if (split_tabs(line, f, 16) != 16) return -1;
+    memset(r, 0, sizeof *r);
+    if (strcmp(f[0], "mpi") == 0)
+        r->is_mpi = 1;
+    else if (strcmp(f[0], "terse") != 0)
+        return -1;
+    field_copy(r->spec, sizeof r->spec, f[1]);
+    field_copy(r->provider, sizeof r->provider, f[2]);
+    char *end;
+    r->nranks = (int)strtol(f[3], &end, 10);
+    r->rows = (size_t)strtoull(f[4], &end, 10);
+    r->cols = (size_t)strtoull(f[5], &end, 10);
+    r->bytes = (size_t)strtoull(f[6], &end, 10);
+    r->iters = (int)strtol(f[7], &end, 10);
+    r->time_s = strtod(f[8], &end);
+    r->mean_s = strtod(f[9], &end);
+    r->wire_sent = strtod(f[10], &end);
+    r->payload_sent = strtod(f[11], &end);
+    r->codec_s = strtod(f[12], &end);
+    r->net_s = strtod(f[13], &end);
+    r->ok = f[14][0] == '1';
+    field_copy(r->error, sizeof r->error, f[15]);
+    if (r->nranks < 1 || r->bytes == 0 || (r->ok && !(r->time_s > 0 && r->mean_s > 0)))
+        return -1;
+    return 0;
+}
+
+int ar_record_read_all(const char *path, ar_row *rows, int cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[2048];
+    int n = 0;
+    while (n < cap && fgets(line, sizeof line, f))
+        if (parse_record(line, &rows[n]) == 0) n++;
+    fclose(f);
+    return n;
+}
+
+/* ---------------------------------------------------------------- output */
+
+void ar_report_begin(const ar_options *o, const char *provider, int nranks, int have_mpi) {
+    if (o->csv) {
+        printf("spec,provider,nranks,bytes,count,rows,cols,iters,time_us,algbw_gbps,busbw_gbps,"
+               "wire_bytes,payload_bytes,eff_algbw_gbps,mean_us,codec_us,net_us%s,status,error\n",
+               have_mpi ? ",mpi_iters,mpi_time_us,mpi_algbw_gbps,mpi_busbw_gbps,vs_mpi" : "");
+        return;
+    }
+    printf("# terse-bench allreduce: %d rank%s, provider %s, op %s, fp32\n", nranks,
+           nranks == 1 ? "" : "s", provider, o->op_avg ? "avg" : "sum");
+    printf("# time: median over iterations of the slowest rank's time; GB/s = 1e9 B/s\n");
+    printf("# dense: busbw = algbw * 2(N-1)/N; codec: busbw = wire bytes sent per rank / time,\n"
+           "#   algbw = busbw * N/(2(N-1)); eff.algbw = fp32 bytes / time\n");
+    if (have_mpi)
+        printf("# mpi: Open MPI MPI_Allreduce (dense, in place), same sizes and iteration rules;\n"
+               "#   xMPI = eff.algbw / MPI algbw = MPI time / terse time\n");
+}
+
+void ar_report_spec(const ar_options *o, const char *spec) {
+    if (o->csv) return;
+    printf("#\n# codec: %s\n", spec);
+    printf("#%12s %10s %11s %5s %11s %7s %7s %11s %9s %6s %5s", "size", "count", "shape",
+           "iters", "time(us)", "algbw", "busbw", "wire/rank", "eff.algbw", "codec%", "net%");
+    if (o->vs_mpi) printf("  | %11s %7s %6s", "mpi(us)", "mpibus", "xMPI");
+    printf("\n");
+}
+
+static void csv_string(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"') putchar('"');
+        putchar(*s);
+    }
+    putchar('"');
+}
+
+static void report_csv(const ar_options *o, const ar_row *r, const ar_row *mpi) {
+    csv_string(r->spec);
+    putchar(',');
+    csv_string(r->provider);
+    printf(",%d,%zu,%zu,%zu,%zu,%d,%.3f,%.6f,%.6f,%.0f,%.0f,%.6f,%.3f,%.3f,%.3f", r->nranks,
+           r->bytes, r->bytes / 4, r->rows, r->cols, r->iters, 1e6 * r->time_s, ar_algbw(r),
+           ar_busbw(r), r->wire_sent, r->payload_sent, ar_effective_algbw(r), 1e6 * r->mean_s,
+           1e6 * r->codec_s, 1e6 * r->net_s);
+    if (o->vs_mpi) {
+        if (mpi && mpi->ok)
+            printf(",%d,%.3f,%.6f,%.6f,%.4f", mpi->iters, 1e6 * mpi->time_s, ar_algbw(mpi),
+                   ar_busbw(mpi), r->ok ? mpi->time_s / r->time_s : 0.0);
+        else
+            printf(",,,,,");
+    }
+    printf(",%s,", r->ok ? "ok" : "failed");
+    csv_string(r->ok ? "" : r->error);
+    putchar('\n');
+}
+
+void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi) {
+    if (o->csv) {
+        report_csv(o, r, mpi);
+        return;
+    }
+    char shape[48];
+    if (is_dense(r))
+        snprintf(shape, sizeof shape, "-");
+    else
+        snprintf(shape, sizeof shape, "%zux%zu", r->rows, r->cols);
+    if (!r->ok) {
+        printf(" %12zu %10zu %11s  failed: %s\n", r->bytes, r->bytes / 4, shape, r->error);
+        return;
+    }
+    printf(" %12zu %10zu %11s %5d %11.1f %7.3f %7.3f %11.0f %9.3f %6.1f %5.1f", r->bytes,
+           r->bytes / 4, shape, r->iters, 1e6 * r->time_s, ar_algbw(r), ar_busbw(r), r->wire_sent,
+           ar_effective_algbw(r), 100.0 * r->codec_s / r->mean_s, 100.0 * r->net_s / r->mean_s);
+    if (o->vs_mpi) {
+        if (mpi && mpi->ok)
+            printf("  | %11.1f %7.3f %6.2f", 1e6 * mpi->time_s, ar_busbw(mpi),
+                   mpi->time_s / r->time_s);
+        else
+            printf("  | %11s %7s %6s", "-", "-", "-");
+    }
+    printf("\n");
+}

@@ -1,0 +1,200 @@
+/* Run a job of real rank processes for the collective tests.
+ *
+ * tr_run forks nranks children. Each joins a communicator over a real
+ * libfabric provider (rank 0 runs the bootstrap store on a free loopback
+ * port), runs the body, and reports through a shared-memory tr_out, one per
+ * rank; the parent reaps them with a deadline and kills them all if it
+ * passes, so a broken collective fails the test instead of hanging it.
+ * Children never call Criterion's assertions (they are not the process
+ * Criterion watches); the parent asserts on what they report.
+ *
+ * Header-only (static functions) so that each test file that drives ranks
+ * gets its own copy without another library target. */
+#ifndef TERSE_TESTS_RANKS_H
+#define TERSE_TESTS_RANKS_H
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "terse.h"
+
+#define TR_MAX_RANKS 4
+#define TR_SLOTS 96
+#define TR_FLOATS 4096
+
+/* What one rank reports. */
+typedef struct tr_out {
+    int finished;      /* the body returned */
+    int status;        /* the first failing call's status (0: none) */
+    char err[768];     /* its terse_last_error() */
+    uint64_t hash[TR_SLOTS];
+    double val[TR_SLOTS];
+    uint64_t u[TR_SLOTS];
+    float f[TR_FLOATS];
+} tr_out;
+
+/* The body: returns 0 on success; on failure records status and err. */
+typedef int (*tr_body)(terse_comm *c, tr_out *o, const void *arg);
+
+/* Record a failing call in o and return 1 (for `return tr_fail(...)`). */
+static inline int tr_fail(tr_out *o, terse_status s, const char *what) {
+    o->status = (int)s;
+    snprintf(o->err, sizeof o->err, "%s: %s (%s)", what, terse_status_name(s),
+             terse_last_error());
+    return 1;
+}
+
+#define TR_CALL(o, call)                                  \
+    do {                                                  \
+        terse_status tr_s_ = (call);                      \
+        if (tr_s_ != TERSE_OK) return tr_fail((o), tr_s_, #call); \
+    } while (0)
+
+static inline uint64_t tr_hash(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static inline double tr_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* A loopback port nobody listens on right now. */
+static inline int tr_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* A rank killed with SIGKILL cannot unlink its shm provider region
+ * (/dev/shm/<pid>:<n>:<m>, 16 MiB each in libfabric 1.17): remove what the
+ * dead pid left, so repeated runs neither fill /dev/shm nor hand a stale
+ * name to a later process that happens to get the same pid. */
+static inline void tr_remove_shm_of(pid_t pid) {
+    char prefix[32];
+    int len = snprintf(prefix, sizeof prefix, "%d:", (int)pid);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, prefix, (size_t)len) == 0) {
+            char path[300];
+            snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+}
+
+typedef struct tr_job {
+    const char *provider;
+    int nranks;
+    int timeout_ms;    /* TERSE_TIMEOUT_MS for the ranks */
+    double wall_s;     /* the parent kills everything after this */
+    int victim;        /* a rank expected to die by SIGKILL, or -1 */
+} tr_job;
+
+/* Run body on every rank of job; returns the shared outputs (munmap with
+ * tr_release). Asserts that every rank (but the victim) exited 0. */
+static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
+    size_t bytes = sizeof(tr_out) * TR_MAX_RANKS;
+    tr_out *outs = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(outs, MAP_FAILED);
+    memset(outs, 0, bytes);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", tr_free_port());
+    pid_t pids[TR_MAX_RANKS];
+    cr_assert_leq(job->nranks, TR_MAX_RANKS);
+    fflush(NULL);
+    for (int r = 0; r < job->nranks; r++) {
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+            terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+            cfg.rank = r;
+            cfg.nranks = job->nranks;
+            cfg.addr = addr;
+            cfg.provider = job->provider;
+            cfg.token = "collectives-test-token";
+            cfg.timeout_ms = job->timeout_ms;
+            terse_comm *c = NULL;
+            terse_status s = terse_comm_init(&cfg, &c);
+            if (s != TERSE_OK) {
+                tr_fail(&outs[r], s, "terse_comm_init");
+                _exit(2);
+            }
+            int rc = body(c, &outs[r], arg);
+            terse_comm_free(c);
+            outs[r].finished = 1;
+            _exit(rc ? 1 : 0);
+        }
+        pids[r] = pid;
+    }
+    int status[TR_MAX_RANKS], left = job->nranks;
+    for (int r = 0; r < job->nranks; r++) status[r] = -1;
+    double deadline = tr_now_ms() + job->wall_s * 1e3;
+    while (left > 0 && tr_now_ms() < deadline) {
+        for (int r = 0; r < job->nranks; r++) {
+            if (status[r] != -1) continue;
+            int st;
+            if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+                status[r] = st;
+                left--;
+            }
+        }
+        if (left) usleep(2000);
+    }
+    if (left) {
+        for (int r = 0; r < job->nranks; r++)
+            if (status[r] == -1) kill(pids[r], SIGKILL);
+        for (int r = 0; r < job->nranks; r++)
+            if (status[r] == -1) {
+                waitpid(pids[r], &status[r], 0);
+                tr_remove_shm_of(pids[r]);
+            }
+        for (int r = 0; r < job->nranks; r++)
+            fprintf(stderr, "rank %d: finished %d status %d err %s\n", r, outs[r].finished,
+                         outs[r].status, outs[r].err);
+        cr_assert_fail("%d of %d ranks (%s) still running after %.0f s; killed", left,
+                       job->nranks, job->provider, job->wall_s);
+    }
+    for (int r = 0; r < job->nranks; r++) {
+        if (r == job->victim) {
+            tr_remove_shm_of(pids[r]);
+            cr_assert(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL,
+                      "victim rank %d was not killed (status %#x)", r, status[r]);
+            continue;
+        }
+        cr_assert(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+                  "rank %d of %d (%s) failed: status %#x, %s", r, job->nranks, job->provider,
+                  status[r], outs[r].err);
+    }
+    return outs;
+}
+
+static inline void tr_release(tr_out *outs) { munmap(outs, sizeof(tr_out) * TR_MAX_RANKS); }
+
+#endif

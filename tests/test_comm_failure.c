@@ -1,0 +1,179 @@
+/* The failure contract, over real processes and real providers: a rank
+ * killed in the middle of an all-reduce, a silent rank, and misuse. No
+ * call may block past the timeout, the sentence must name the peer, and a
+ * failed communicator refuses everything but free. Also the one-rank
+ * communicator, which needs neither store nor token. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ranks.h"
+#include "testutil.h"
+
+#define TIMEOUT_MS 3000
+/* Time on top of the timeout that a survivor may take: the store's loss
+ * grace (0.5 s), polling, and a loaded two-core machine. */
+#define SLACK_MS 1500
+
+static void *killer(void *arg) {
+    usleep((useconds_t)(intptr_t)arg * 1000);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+/* The last rank kills itself 150 ms into a loop of 8 MB all-reduces. The
+ * survivors report: u[0] the failing call's status, val[0] how long that
+ * call took (ms), err its sentence; u[1] the status of the next call and
+ * hash[0] = 1 if its sentence says the communicator failed earlier. */
+static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const size_t n = 2u << 20;
+    const int victim = terse_comm_size(c) - 1;
+    float *y = calloc(n, sizeof(float));
+    TR_CALL(o, terse_allreduce(c, y, n, NULL, TERSE_OP_SUM));
+    if (terse_comm_rank(c) == victim) {
+        pthread_t t;
+        pthread_create(&t, NULL, killer, (void *)(intptr_t)150);
+    }
+    for (int i = 0; i < 2000; i++) {
+        double t0 = tr_now_ms();
+        terse_status s = terse_allreduce(c, y, n, NULL, TERSE_OP_SUM);
+        if (s == TERSE_OK) continue;
+        o->val[0] = tr_now_ms() - t0;
+        o->u[0] = (uint64_t)s;
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        o->u[1] = (uint64_t)terse_barrier(c);
+        o->hash[0] = strstr(terse_last_error(), "failed earlier") != NULL;
+        free(y);
+        return 0;
+    }
+    free(y);
+    return tr_fail(o, TERSE_OK, "2000 all-reduces succeeded although a rank was killed");
+}
+
+static void check_killed_rank(const char *provider) {
+    const int N = 3;
+    tr_job job = {provider, N, TIMEOUT_MS, 30, N - 1};
+    tr_out *o = tr_run(&job, kill_body, NULL);
+    for (int r = 0; r < N - 1; r++) {
+        terse_status s = (terse_status)o[r].u[0];
+        cr_expect(s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT,
+                  "%s: survivor %d got %s (%s)", provider, r, terse_status_name(s), o[r].err);
+        cr_expect_leq(o[r].val[0], TIMEOUT_MS + SLACK_MS,
+                      "%s: survivor %d took %.0f ms to notice (timeout %d ms)", provider, r,
+                      o[r].val[0], TIMEOUT_MS);
+        cr_expect(strstr(o[r].err, "rank 2"), "%s: survivor %d's sentence does not name rank 2: %s",
+                  provider, r, o[r].err);
+        cr_expect_eq(o[r].u[1], TERSE_ERR_INVALID, "%s: survivor %d's next call returned %llu",
+                     provider, r, (unsigned long long)o[r].u[1]);
+        cr_expect_eq(o[r].hash[0], 1, "%s: survivor %d: the next call does not say why", provider,
+                     r);
+        fprintf(stderr, "%s survivor %d: %s after %.0f ms: %s\n", provider, r,
+                terse_status_name(s), o[r].val[0], o[r].err);
+    }
+    tr_release(o);
+}
+
+Test(comm_failure, killed_rank_is_reported_by_every_survivor_shm) { check_killed_rank("shm"); }
+Test(comm_failure, killed_rank_is_reported_by_every_survivor_tcp) { check_killed_rank("tcp"); }
+
+/* Rank 1 stays connected but never calls the collective. */
+static int silent_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    if (terse_comm_rank(c) == 1) {
+        usleep(2500 * 1000);
+        return 0;
+    }
+    float y[16] = {0};
+    double t0 = tr_now_ms();
+    o->u[0] = (uint64_t)terse_allreduce(c, y, 16, NULL, TERSE_OP_SUM);
+    o->val[0] = tr_now_ms() - t0;
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    return 0;
+}
+
+Test(comm_failure, silent_peer_times_out_naming_it) {
+    tr_job job = {"tcp", 2, 1500, 30, -1};
+    tr_out *o = tr_run(&job, silent_body, NULL);
+    cr_expect_eq(o[0].u[0], TERSE_ERR_TIMEOUT, "got %llu: %s", (unsigned long long)o[0].u[0],
+                 o[0].err);
+    cr_expect_geq(o[0].val[0], 1400.0);
+    cr_expect_leq(o[0].val[0], 1500.0 + SLACK_MS);
+    cr_expect(strstr(o[0].err, "rank 1"), "sentence does not name rank 1: %s", o[0].err);
+    tr_release(o);
+}
+
+/* ------------------------------------------------------------ one rank */
+
+static terse_comm *single(void) {
+    terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+    cfg.rank = 0;
+    cfg.nranks = 1;
+    cfg.provider = "shm";
+    terse_comm *c = NULL;
+    cr_assert_eq(terse_comm_init(&cfg, &c), TERSE_OK, "%s", terse_last_error());
+    return c;
+}
+
+Test(single_rank, collectives_are_identities_and_codecs_still_encode) {
+    terse_comm *c = single();
+    cr_expect_eq(terse_comm_rank(c), 0);
+    cr_expect_eq(terse_comm_size(c), 1);
+    cr_expect_str_eq(terse_comm_provider(c), "shm");
+    float x[TU_ROWS * TU_COLS], y[TU_ROWS * TU_COLS];
+    tu_fill_gauss(x, TU_ROWS * TU_COLS, 5);
+    memcpy(y, x, sizeof x);
+    cr_expect_eq(terse_allreduce(c, y, TU_ROWS * TU_COLS, NULL, TERSE_OP_AVG), TERSE_OK);
+    cr_expect_arr_eq(x, y, sizeof x);
+    terse_codec *codec = tu_create("int8", TU_ROWS, TU_COLS);
+    cr_expect_eq(terse_allreduce(c, y, TU_ROWS * TU_COLS, codec, TERSE_OP_SUM), TERSE_OK,
+                 "%s", terse_last_error());
+    cr_expect_eq(terse_codec_step(codec), 1);
+    cr_expect_lt(tu_rel_err(x, y, TU_ROWS * TU_COLS), 0.02);
+    char buf[5] = "abcd", out[8];
+    size_t counts[1];
+    cr_expect_eq(terse_broadcast(c, buf, 4, 0), TERSE_OK);
+    cr_expect_eq(terse_allgather(c, buf, 4, out, sizeof out, counts), TERSE_OK);
+    cr_expect_eq(counts[0], 4);
+    cr_expect_arr_eq(out, "abcd", 4);
+    cr_expect_eq(terse_barrier(c), TERSE_OK);
+    terse_comm_stats st = TERSE_COMM_STATS_INIT;
+    cr_expect_eq(terse_comm_get_stats(c, &st), TERSE_OK);
+    cr_expect_eq(st.ops, 5);
+    cr_expect_eq(st.payload_bytes_sent, 0);
+    terse_codec_free(codec);
+    terse_comm_free(c);
+}
+
+Test(single_rank, a_bad_argument_fails_the_communicator_for_good) {
+    terse_comm *c = single();
+    float y[4] = {0};
+    terse_codec *codec = tu_create("fp16", 5, 1);
+    cr_expect_eq(terse_allreduce(c, y, 4, codec, TERSE_OP_SUM), TERSE_ERR_SHAPE);
+    cr_expect(strstr(terse_last_error(), "5 elements"), "%s", terse_last_error());
+    cr_expect_eq(terse_barrier(c), TERSE_ERR_INVALID);
+    cr_expect(strstr(terse_last_error(), "failed earlier"), "%s", terse_last_error());
+    cr_expect(strstr(terse_last_error(), "5 elements"), "%s", terse_last_error());
+    terse_codec_free(codec);
+    terse_comm_free(c);
+}
+
+Test(single_rank, broadcast_root_out_of_range_is_invalid) {
+    terse_comm *c = single();
+    char b[4];
+    cr_expect_eq(terse_broadcast(c, b, 4, 1), TERSE_ERR_INVALID);
+    cr_expect(strstr(terse_last_error(), "root 1"), "%s", terse_last_error());
+    terse_comm_free(c);
+}
+
+Test(single_rank, null_arguments_are_refused) {
+    cr_expect_eq(terse_comm_init(NULL, NULL), TERSE_ERR_INVALID);
+    cr_expect_eq(terse_allreduce(NULL, NULL, 0, NULL, TERSE_OP_SUM), TERSE_ERR_INVALID);
+    terse_comm_free(NULL);
+    terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+    cfg.size = 0;
+    terse_comm *c = (terse_comm *)&cfg;
+    cr_expect_eq(terse_comm_init(&cfg, &c), TERSE_ERR_INVALID);
+    cr_expect_null(c);
+}

@@ -1,0 +1,284 @@
+/* The libfabric endpoint's life: open (fabric, domain, CQ, AV, endpoint,
+ * sized from what the provider reports), the address blob ranks exchange,
+ * filling the AV in rank order, and close. Posting and progress live in
+ * fabric_msg.c, provider selection in fabric_info.c. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/bytes.h"
+#include "common/error.h"
+#include "transport/fabric_impl.h"
+
+#define DEFAULT_CHUNK_BYTES ((size_t)1 << 20)
+/* Slot pools are sized by the provider's queue depths but capped: beyond
+ * a few hundred operations in flight nothing gets faster, and the cap keeps
+ * the pools (and the CQ) small. */
+#define MAX_SLOTS_PER_DIRECTION 1024
+/* Used when a provider reports a queue depth of 0 ("no limit stated"). */
+#define FALLBACK_SLOTS 64
+
+static const uint8_t name_magic[4] = {'T', 'F', 'A', 'B'};
+
+uint64_t terse__now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A byte count with an optional k/m/g suffix (powers of 1024). */
+static terse_status env_bytes(const char *var, size_t dflt, size_t *out) {
+    const char *s = getenv(var);
+    *out = dflt;
+    if (!s || !*s) return TERSE_OK;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    unsigned shift = 0;
+    if (*end == 'k' || *end == 'K') shift = 10, end++;
+    else if (*end == 'm' || *end == 'M') shift = 20, end++;
+    else if (*end == 'g' || *end == 'G') shift = 30, end++;
+    if (errno || end == s || *end || *s == '-' || v == 0 || v > (SIZE_MAX >> shift))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "%s='%s' is not a positive byte count (e.g. 1048576 or 1m)", var, s);
+    *out = (size_t)v << shift;
+    return TERSE_OK;
+}
+
+static size_t queue_slots(size_t depth) {
+    if (depth == 0) return FALLBACK_SLOTS;
+    return depth < MAX_SLOTS_PER_DIRECTION ? depth : MAX_SLOTS_PER_DIRECTION;
+}
+
+/* Carve the slot array into the two free lists. */
+static terse_status make_slots(terse__fabric *f) {
+    f->tx_slots = queue_slots(f->info->tx_attr->size);
+    f->rx_slots = queue_slots(f->info->rx_attr->size);
+    f->slots = calloc(f->tx_slots + f->rx_slots, sizeof *f->slots);
+    if (!f->slots)
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for %zu operation contexts",
+                           f->rank, f->tx_slots + f->rx_slots);
+    for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++) {
+        terse__fabric_slot **list = i < f->tx_slots ? &f->tx_free : &f->rx_free;
+        f->slots[i].next_free = *list;
+        *list = &f->slots[i];
+    }
+    return TERSE_OK;
+}
+
+#define FI_TRY(call, what)                                                              \
+    do {                                                                                \
+        int fi_ret_ = (call);                                                           \
+        if (fi_ret_ != 0) {                                                             \
+            st = TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: %s on provider %s failed: %s", \
+                             f->rank, what, f->provider, fi_strerror(-fi_ret_));        \
+            goto fail;                                                                  \
+        }                                                                               \
+    } while (0)
+
+/* Open the objects in dependency order: fabric -> domain -> CQ and AV ->
+ * endpoint bound to both -> enable. */
+static terse_status open_objects(terse__fabric *f) {
+    terse_status st = TERSE_OK;
+    struct fi_info *info = f->info;
+    FI_TRY(fi_fabric(info->fabric_attr, &f->fabric, NULL), "fi_fabric");
+    FI_TRY(fi_domain(f->fabric, info, &f->domain, NULL), "fi_domain");
+
+    /* Every posted chunk produces exactly one completion, and at most
+     * tx_slots + rx_slots are posted, so this CQ cannot overrun. No wait
+     * object: we poll (manual progress). */
+    struct fi_cq_attr cq_attr = {0};
+    cq_attr.format = FI_CQ_FORMAT_TAGGED;
+    cq_attr.size = f->tx_slots + f->rx_slots;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    FI_TRY(fi_cq_open(f->domain, &cq_attr, &f->cq, NULL), "fi_cq_open");
+
+    /* FI_AV_TABLE: addresses are indices in insertion (= rank) order. */
+    struct fi_av_attr av_attr = {0};
+    av_attr.type = FI_AV_TABLE;
+    av_attr.count = (size_t)f->nranks;
+    FI_TRY(fi_av_open(f->domain, &av_attr, &f->av, NULL), "fi_av_open");
+
+    FI_TRY(fi_endpoint(f->domain, info, &f->ep, NULL), "fi_endpoint");
+    FI_TRY(fi_ep_bind(f->ep, &f->av->fid, 0), "binding the AV to the endpoint");
+    FI_TRY(fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV),
+           "binding the CQ to the endpoint");
+    FI_TRY(fi_enable(f->ep), "fi_enable");
+fail:
+    return st;
+}
+
+terse_status terse__fabric_open(const char *provider, int same_host, int rank, int nranks,
+                                terse__fabric **out) {
+    terse_status st;
+    if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_open: out is NULL");
+    *out = NULL;
+    if (!provider)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "rank %d: fabric_open: provider is NULL", rank);
+    if (nranks < 1 || rank < 0 || rank >= nranks)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_open: rank %d is not in [0, %d)", rank,
+                           nranks);
+    size_t chunk;
+    TERSE_CHECK(env_bytes("TERSE_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, &chunk));
+    const char *force_mr = getenv("TERSE_FABRIC_REGISTER");
+
+    terse__fabric *f = calloc(1, sizeof *f);
+    if (!f) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for the fabric", rank);
+    f->rank = rank;
+    f->nranks = nranks;
+    TERSE_CHECK_GOTO(terse__fabric_select(provider, same_host, rank, &f->info), st, fail);
+    snprintf(f->provider, sizeof f->provider, "%s", f->info->fabric_attr->prov_name);
+    snprintf(f->domain_name, sizeof f->domain_name, "%s",
+             f->info->domain_attr->name ? f->info->domain_attr->name : "?");
+
+    /* Obey the limits the provider reports. */
+    f->max_msg = f->info->ep_attr->max_msg_size ? f->info->ep_attr->max_msg_size : SIZE_MAX;
+    f->chunk_bytes = chunk < f->max_msg ? chunk : f->max_msg;
+    f->inject_bytes = f->info->tx_attr->inject_size;
+    uint64_t mr_mode = (uint64_t)f->info->domain_attr->mr_mode;
+    if (mr_mode & ~(uint64_t)TERSE__MR_SUPPORTED) {
+        /* The hints exclude these bits, so a conforming provider never
+         * returns them; refuse rather than run with a mode we ignore. */
+        TERSE_FAIL_GOTO(st, fail, TERSE_ERR_TRANSPORT,
+                        "rank %d: provider %s returned mr_mode %#llx, which terse cannot honour",
+                        rank, f->provider, (unsigned long long)mr_mode);
+    }
+    f->register_mr = (mr_mode & FI_MR_LOCAL) || (force_mr && strcmp(force_mr, "1") == 0);
+    f->mr_endpoint = (mr_mode & FI_MR_ENDPOINT) != 0;
+    f->mr_prov_key = (mr_mode & FI_MR_PROV_KEY) != 0;
+
+    TERSE_CHECK_GOTO(make_slots(f), st, fail);
+    TERSE_CHECK_GOTO(open_objects(f), st, fail);
+    *out = f;
+    return TERSE_OK;
+fail:
+    terse__fabric_close(f);
+    return st;
+}
+
+static void close_fid(struct fid *fid) {
+    if (fid) fi_close(fid);
+}
+
+void terse__fabric_close(terse__fabric *f) {
+    if (!f) return;
+    /* Close the endpoint first: that discards whatever is still posted
+     * (after a timeout or a lost peer there may be much), with no
+     * completions to wait for, so close returns promptly even when a peer
+     * is dead. A provider that refuses (registrations bound to the
+     * endpoint) gets them released first, then a second try. */
+    int ret = f->ep ? fi_close(&f->ep->fid) : 0;
+    terse__fabric_release_ops(f);
+    if (ret == -FI_EBUSY) fi_close(&f->ep->fid);
+    close_fid(f->av ? &f->av->fid : NULL);
+    close_fid(f->cq ? &f->cq->fid : NULL);
+    close_fid(f->domain ? &f->domain->fid : NULL);
+    close_fid(f->fabric ? &f->fabric->fid : NULL);
+    if (f->info) fi_freeinfo(f->info);
+    free(f->slots);
+    free(f->addrs);
+    free(f);
+}
+
+const char *terse__fabric_provider(const terse__fabric *f) { return f ? f->provider : ""; }
+
+/* The blob (layout in fabric_impl.h): our address plus what every rank
+ * must agree on. */
+terse_status terse__fabric_name(terse__fabric *f, void *buf, size_t *len) {
+    if (!f || !buf || !len) return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_name: NULL argument");
+    if (*len < TERSE__FABRIC_NAME_BYTES)
+        return TERSE_ERROR(TERSE_ERR_DST_TOO_SMALL,
+                           "rank %d: an endpoint name needs %d bytes, the buffer has %zu",
+                           f->rank, TERSE__FABRIC_NAME_BYTES, *len);
+    uint8_t *b = buf;
+    memset(b, 0, TERSE__FABRIC_NAME_BYTES);
+    size_t alen = TERSE__NAME_ADDR_MAX - 1; /* keep a NUL after string addresses */
+    int ret = fi_getname(&f->ep->fid, b + TERSE__NAME_ADDR_OFF, &alen);
+    if (ret != 0 || alen == 0 || alen >= TERSE__NAME_ADDR_MAX) {
+        memset(b, 0, TERSE__FABRIC_NAME_BYTES);
+        return TERSE_ERROR(TERSE_ERR_TRANSPORT,
+                           "rank %d: fi_getname on provider %s failed: %s (address of %zu bytes, "
+                           "room for %d)",
+                           f->rank, f->provider, ret ? fi_strerror(-ret) : "empty address", alen,
+                           TERSE__NAME_ADDR_MAX - 1);
+    }
+    memcpy(b, name_magic, 4);
+    terse__put_u32(b + 4, (uint32_t)alen);
+    terse__put_u64(b + 8, (uint64_t)f->chunk_bytes);
+    memcpy(b + TERSE__NAME_PROV_OFF, f->provider, strlen(f->provider));
+    *len = TERSE__FABRIC_NAME_BYTES;
+    return TERSE_OK;
+}
+
+/* Check rank r's blob against ours before trusting anything in it. */
+static terse_status check_name(const terse__fabric *f, int r, const uint8_t *b) {
+    if (memcmp(b, name_magic, 4) != 0)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "rank %d: rank %d's endpoint name is malformed",
+                           f->rank, r);
+    uint32_t alen = terse__get_u32(b + 4);
+    if (alen == 0 || alen >= TERSE__NAME_ADDR_MAX)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "rank %d: rank %d's endpoint name has a bad address length %u",
+                           f->rank, r, alen);
+    char prov[TERSE__NAME_PROV_LEN + 1] = {0};
+    memcpy(prov, b + TERSE__NAME_PROV_OFF, TERSE__NAME_PROV_LEN);
+    if (strcmp(prov, f->provider) != 0)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "rank %d uses provider %s but rank %d uses %.32s; every rank must "
+                           "use the same (set TERSE_PROVIDER alike)",
+                           f->rank, f->provider, r, prov);
+    uint64_t chunk = terse__get_u64(b + 8);
+    if (chunk != f->chunk_bytes)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "rank %d splits messages into %zu-byte chunks but rank %d into %llu; "
+                           "set TERSE_CHUNK_BYTES alike on every rank",
+                           f->rank, f->chunk_bytes, r, (unsigned long long)chunk);
+    return TERSE_OK;
+}
+
+terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t name_len) {
+    if (!f || !names) return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_set_peers: NULL argument");
+    if (f->addrs)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "rank %d: fabric peers are already set", f->rank);
+    if (name_len != TERSE__FABRIC_NAME_BYTES)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "rank %d: endpoint names are %d bytes each, not %zu", f->rank,
+                           TERSE__FABRIC_NAME_BYTES, name_len);
+    const uint8_t *all = names;
+    for (int r = 0; r < f->nranks; r++) TERSE_CHECK(check_name(f, r, all + (size_t)r * name_len));
+
+    /* Our own entry must be our address: catches names passed out of rank
+     * order, which would otherwise send every message to the wrong rank. */
+    uint8_t mine[TERSE__FABRIC_NAME_BYTES];
+    size_t mlen = sizeof mine;
+    TERSE_CHECK(terse__fabric_name(f, mine, &mlen));
+    if (memcmp(mine, all + (size_t)f->rank * name_len, name_len) != 0)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "rank %d: entry %d of the address list is not this endpoint "
+                           "(names must be in rank order)",
+                           f->rank, f->rank);
+
+    fi_addr_t *addrs = calloc((size_t)f->nranks, sizeof *addrs);
+    if (!addrs) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for the AV", f->rank);
+    /* One insert per rank: address lengths may differ between ranks. */
+    for (int r = 0; r < f->nranks; r++) {
+        const uint8_t *addr = all + (size_t)r * name_len + TERSE__NAME_ADDR_OFF;
+        int ret = fi_av_insert(f->av, addr, 1, &addrs[r], 0, NULL);
+        if (ret != 1) {
+            free(addrs);
+            return TERSE_ERROR(TERSE_ERR_TRANSPORT,
+                               "rank %d: inserting rank %d's address into the %s AV failed: %s",
+                               f->rank, r, f->provider,
+                               ret < 0 ? fi_strerror(-ret) : "address rejected");
+        }
+    }
+    f->addrs = addrs;
+    return TERSE_OK;
+}
+
+void terse__fabric_counters(const terse__fabric *f, uint64_t *sent, uint64_t *recv) {
+    if (sent) *sent = f ? f->bytes_sent : 0;
+    if (recv) *recv = f ? f->bytes_recv : 0;
+}

@@ -1,0 +1,127 @@
+/* The libfabric transport's private state, shared by fabric.c (open, close,
+ * addresses), fabric_info.c (provider selection) and fabric_msg.c (posting,
+ * chunking, completion progress). Nothing outside transport/fabric*.c
+ * includes this. */
+#ifndef TERSE_TRANSPORT_FABRIC_IMPL_H
+#define TERSE_TRANSPORT_FABRIC_IMPL_H
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_tagged.h>
+
+#include "transport/fabric.h"
+
+/* The libfabric API version we are written against (the oldest with every
+ * call and flag used here); the headers may be newer. */
+#define TERSE__FI_VERSION FI_VERSION(1, 17)
+
+/* Callers own the low 48 tag bits; chunk indices live in the high 16. */
+#define TERSE__TAG_BITS 48
+#define TERSE__MAX_CHUNKS ((size_t)1 << (64 - TERSE__TAG_BITS))
+
+/* Chunks of one request in flight at once. Eight 1 MiB chunks keep a
+ * pipeline deep enough to hide per-chunk latency on shm and tcp while
+ * bounding queue use per request (measured: see fabric_msg.c). */
+#define TERSE__FABRIC_WINDOW 8
+
+/* The name blob terse__fabric_name hands out: fixed size, so every rank's
+ * blob has the same length whatever the provider's address length (shm's
+ * addresses are strings whose length depends on the pid). Little endian:
+ *   [0,4) magic "TFAB"   [4,8) addrlen   [8,16) chunk bytes
+ *   [16,48) provider name, NUL padded    [48,256) address, zero padded
+ * Carrying the chunk size and provider lets set_peers refuse ranks that
+ * would split or route messages differently, which would otherwise surface
+ * as truncation or silent hangs. */
+#define TERSE__FABRIC_NAME_BYTES 256
+#define TERSE__NAME_PROV_OFF 16
+#define TERSE__NAME_PROV_LEN 32
+#define TERSE__NAME_ADDR_OFF 48
+#define TERSE__NAME_ADDR_MAX (TERSE__FABRIC_NAME_BYTES - TERSE__NAME_ADDR_OFF)
+
+/* Memory-registration modes we can honour. LOCAL: we register each
+ * request's buffer and pass its descriptor. ENDPOINT: we bind that
+ * registration to the endpoint. HMEM: only device memory must be
+ * registered and we only move host memory. VIRT_ADDR, ALLOCATED, PROV_KEY
+ * and RAW govern remote keys, which we never hand out (no RMA). We cannot
+ * honour MMU_NOTIFY, RMA_EVENT or COLLECTIVE. */
+#define TERSE__MR_SUPPORTED                                                              \
+    (FI_MR_LOCAL | FI_MR_ENDPOINT | FI_MR_HMEM | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | \
+     FI_MR_PROV_KEY | FI_MR_RAW)
+
+typedef struct terse__fabric_op terse__fabric_op;
+
+/* One posted chunk: the libfabric operation context. ctx comes first so
+ * the pointer libfabric hands back in a completion is the slot itself, and
+ * is a fi_context2 so providers asking for FI_CONTEXT or FI_CONTEXT2 may
+ * use it as scratch while the operation is posted. */
+typedef struct terse__fabric_slot {
+    struct fi_context2 ctx;
+    terse__fabric_op *op;
+    size_t chunk;
+    struct terse__fabric_slot *next_free;
+} terse__fabric_slot;
+
+/* The transport's side of a request, alive from isend/irecv until the
+ * last chunk completes. It is owned by the fabric (not the caller's req)
+ * so close can release registrations even after the caller has dropped
+ * its requests following an error. */
+struct terse__fabric_op {
+    terse__fabric_req *req;
+    terse__fabric_op *prev, *next; /* the fabric's active list */
+    struct fid_mr *mr;             /* when the provider demands registration */
+    void *desc;
+    size_t chunk_bytes;
+    size_t inflight;
+    size_t bytes_done;
+};
+
+struct terse__fabric {
+    int rank, nranks;
+    char provider[TERSE__NAME_PROV_LEN]; /* "tcp;ofi_rxm", "shm", ... */
+    char domain_name[64];                /* interface or device, for messages */
+
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_av *av;
+    struct fid_cq *cq;
+    struct fid_ep *ep;
+    fi_addr_t *addrs; /* rank -> AV address, once set_peers ran */
+
+    size_t chunk_bytes; /* min(TERSE_CHUNK_BYTES, max_msg_size) */
+    size_t max_msg;
+    size_t inject_bytes; /* 0: never inject */
+    int register_mr;     /* FI_MR_LOCAL (or TERSE_FABRIC_REGISTER=1) */
+    int mr_endpoint;     /* FI_MR_ENDPOINT: bind registrations to the ep */
+    int mr_prov_key;
+    uint64_t next_mr_key;
+
+    /* Posted-chunk contexts, one pool per direction so queued sends can
+     * never starve receives of slots (and vice versa); their sizes are the
+     * provider's tx/rx queue depths, which therefore bound what we post. */
+    terse__fabric_slot *slots;
+    terse__fabric_slot *tx_free, *rx_free;
+    size_t tx_slots, rx_slots;
+
+    terse__fabric_op *active_head, *active_tail; /* oldest first */
+    terse__fabric_op *op_free;
+
+    uint64_t bytes_sent, bytes_recv;
+    terse_status failed; /* sticky: after an error only close is allowed */
+};
+
+/* fabric_info.c: resolve a user provider name ("shm", "tcp", ..., "auto")
+ * to a chosen fi_info (a fresh copy the caller frees with fi_freeinfo).
+ * Fails with TERSE_ERR_INVALID for an unknown name and TERSE_ERR_TRANSPORT,
+ * naming what fi_getinfo offers, when the provider is absent or demands
+ * what we cannot do. */
+terse_status terse__fabric_select(const char *provider, int same_host, int rank,
+                                  struct fi_info **out);
+
+/* fabric_msg.c: drop every request's state (close calls it after the
+ * endpoint is gone, so nothing can complete any more). */
+void terse__fabric_release_ops(terse__fabric *f);
+
+#endif

@@ -1,0 +1,439 @@
+/* The bootstrap store's client: join (with the mutual HMAC handshake), set,
+ * blocking get, allgather, and liveness checks. Rank 0 also starts the
+ * server (store_server.c) and then joins it like everybody else.
+ *
+ * One request is outstanding at a time. Frames that arrive while waiting
+ * for a reply are LOST notices (recorded, and the wait fails) or stale
+ * replies to a request that already timed out (ids never repeat, so they
+ * are recognised and discarded). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+#include <poll.h>
+
+#include "common/bytes.h"
+#include "common/error.h"
+#include "transport/store.h"
+#include "transport/store_wire.h"
+
+struct terse__store {
+    int fd;
+    int rank, nranks, timeout_ms;
+    char addr[256];
+    terse__store_rx rx;
+    terse__store_tx tx;
+    uint32_t next_id, ag_seq;
+    int lost_rank;     /* first rank the server reported lost, or -1 */
+    int gone;          /* the connection to the server has ended */
+    char gone_why[128];
+    terse__store_server *server; /* rank 0 only */
+};
+
+/* The sticky failure once a rank or the store itself is gone. */
+static terse_status fail_lost(const terse__store *s) {
+    if (s->lost_rank >= 0)
+        return TERSE_ERROR(TERSE_ERR_PEER_LOST,
+                           "rank %d was lost: its connection to the bootstrap store at %s "
+                           "dropped without a goodbye (noticed by rank %d)",
+                           s->lost_rank, s->addr, s->rank);
+    return TERSE_ERROR(TERSE_ERR_PEER_LOST, "rank %d lost the bootstrap store at %s (rank 0): %s",
+                       s->rank, s->addr, s->gone_why);
+}
+
+static void mark_gone(terse__store *s, const char *why) {
+    if (!s->gone) snprintf(s->gone_why, sizeof s->gone_why, "%s", why);
+    s->gone = 1;
+}
+
+enum { F_FRAME, F_EOF, F_TIMEOUT, F_OVERSIZED, F_ERROR };
+
+/* The next complete frame from the server, reading until deadline_ms (0:
+ * only what has already arrived). The frame stays buffered until
+ * terse__store_rx_consume. */
+static int next_frame(terse__store *s, uint64_t deadline_ms, uint8_t *type, const uint8_t **body,
+                      size_t *n) {
+    for (;;) {
+        int k = terse__store_rx_peek(&s->rx, TERSE__STORE_MAX_BODY, type, body, n);
+        if (k > 0) return F_FRAME;
+        if (k < 0) return F_OVERSIZED;
+        long r = terse__store_rx_read(&s->rx, s->fd);
+        if (r > 0) continue;
+        if (r == 0) return F_EOF;
+        if (r == -2) return F_ERROR;
+        int w = terse__store_wait_fd(s->fd, POLLIN, deadline_ms);
+        if (w == 0) return F_TIMEOUT;
+        if (w < 0) return F_ERROR;
+    }
+}
+
+/* Wait for the reply of type `want` to request `id` (want 0: just take in
+ * what has arrived). On TERSE_OK with want != 0, body and n give the reply
+ * after its id, and the caller consumes it. TERSE_ERR_TIMEOUT is returned
+ * without a sentence: the caller knows what it was waiting for. */
+static terse_status await(terse__store *s, uint32_t id, uint8_t want, uint64_t deadline_ms,
+                          const uint8_t **body, size_t *n) {
+    if (s->lost_rank >= 0 || s->gone) return fail_lost(s);
+    for (;;) {
+        uint8_t type = 0;
+        const uint8_t *b = NULL;
+        size_t len = 0;
+        int f = next_frame(s, deadline_ms, &type, &b, &len);
+        if (f == F_TIMEOUT) return want ? TERSE_ERR_TIMEOUT : TERSE_OK;
+        if (f == F_EOF) mark_gone(s, "the connection was closed");
+        if (f == F_ERROR) mark_gone(s, strerror(errno));
+        if (f == F_OVERSIZED) mark_gone(s, "it sent an oversized frame");
+        if (f != F_FRAME) return fail_lost(s);
+        if (type == TERSE__STORE_LOST && len == 4) {
+            uint32_t r = terse__get_u32(b);
+            if (s->lost_rank < 0) s->lost_rank = r < (uint32_t)s->nranks ? (int)r : s->nranks;
+            terse__store_rx_consume(&s->rx);
+            return fail_lost(s);
+        }
+        if ((type == TERSE__STORE_OK || type == TERSE__STORE_VALUE) && len >= 4) {
+            if (want && type == want && terse__get_u32(b) == id) {
+                *body = b + 4;
+                *n = len - 4;
+                return TERSE_OK;
+            }
+            terse__store_rx_consume(&s->rx); /* a reply to a request that timed out */
+            continue;
+        }
+        mark_gone(s, "it sent a malformed frame");
+        return TERSE_ERROR(TERSE_ERR_CORRUPT,
+                           "the bootstrap store at %s sent rank %d an unexpected frame "
+                           "(type %u, %zu bytes)",
+                           s->addr, s->rank, type, len);
+    }
+}
+
+/* Queue one frame and send all of it before deadline_ms. */
+static terse_status send_frame(terse__store *s, uint8_t type, const void *a, size_t alen,
+                               const void *b, size_t blen, const void *c, size_t clen,
+                               uint64_t deadline_ms) {
+    TERSE_CHECK(terse__store_tx_frame(&s->tx, type, a, alen, b, blen, c, clen));
+    for (;;) {
+        if (terse__store_tx_flush(&s->tx, s->fd) != 0) {
+            mark_gone(s, strerror(errno));
+            return fail_lost(s);
+        }
+        if (!terse__store_tx_pending(&s->tx)) return TERSE_OK;
+        int w = terse__store_wait_fd(s->fd, POLLOUT, deadline_ms);
+        if (w <= 0) {
+            /* A half-sent frame would desynchronise the stream: give up on it. */
+            mark_gone(s, w == 0 ? "a send timed out" : strerror(errno));
+            return TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                               "rank %d could not send to the bootstrap store at %s within %d ms",
+                               s->rank, s->addr, s->timeout_ms);
+        }
+    }
+}
+
+/* ---- joining ---- */
+
+/* One handshake on a fresh connection. *retry is set when the failure may
+ * be transient (the server closed or stayed silent), so the caller tries
+ * again until its deadline; why[] says what happened. */
+static terse_status handshake(terse__store *s, const char *token, uint64_t deadline, int *retry,
+                              char *why, size_t why_cap) {
+    uint8_t type = 0, snonce[TERSE__STORE_NONCE], cnonce[TERSE__STORE_NONCE];
+    uint8_t mac[TERSE__STORE_MAC], hdr[8];
+    const uint8_t *b = NULL;
+    size_t n = 0;
+    *retry = 0;
+    s->rx.len = 0;
+    s->tx.head = s->tx.len = 0;
+    /* 1. The server's challenge. */
+    int f = next_frame(s, deadline, &type, &b, &n);
+    if (f != F_FRAME && f != F_OVERSIZED) {
+        *retry = 1;
+        snprintf(why, why_cap, "no greeting from the store (%s)",
+                 f == F_TIMEOUT ? "timed out" : "connection closed");
+        return TERSE_OK;
+    }
+    if (f == F_OVERSIZED || type != TERSE__STORE_HELLO || n != TERSE__STORE_NONCE)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT,
+                           "the server at %s is not a terse bootstrap store (its first frame "
+                           "is not a greeting)",
+                           s->addr);
+    memcpy(snonce, b, TERSE__STORE_NONCE);
+    terse__store_rx_consume(&s->rx);
+    /* 2. Our proof and our own challenge. */
+    TERSE_CHECK(terse__store_nonce(cnonce));
+    TERSE_CHECK(terse__store_client_mac(token, snonce, (uint32_t)s->rank, mac));
+    terse__put_u32(hdr, (uint32_t)s->rank);
+    terse__put_u32(hdr + 4, (uint32_t)s->nranks);
+    TERSE_CHECK(terse__store_tx_frame(&s->tx, TERSE__STORE_AUTH, hdr, 8, cnonce, sizeof cnonce,
+                                      mac, sizeof mac));
+    while (terse__store_tx_pending(&s->tx)) {
+        if (terse__store_tx_flush(&s->tx, s->fd) != 0 ||
+            (terse__store_tx_pending(&s->tx) &&
+             terse__store_wait_fd(s->fd, POLLOUT, deadline) <= 0)) {
+            *retry = 1;
+            snprintf(why, why_cap, "the handshake could not be sent");
+            return TERSE_OK;
+        }
+    }
+    /* 3. The server's answer: a refusal, or its proof that it knows the token. */
+    f = next_frame(s, deadline, &type, &b, &n);
+    if (f != F_FRAME && f != F_OVERSIZED) {
+        *retry = 1;
+        snprintf(why, why_cap, "the store closed the connection during the handshake");
+        return TERSE_OK;
+    }
+    if (f == F_FRAME && type == TERSE__STORE_REFUSE && n >= 1) {
+        int reason = b[0];
+        if (reason == TERSE__STORE_REFUSE_AUTH)
+            return TERSE_ERROR(TERSE_ERR_AUTH,
+                               "the bootstrap store at %s refused rank %d: wrong token "
+                               "(TERSE_TOKEN differs from rank 0's)",
+                               s->addr, s->rank);
+        return TERSE_ERROR(TERSE_ERR_INVALID, "the bootstrap store at %s refused rank %d: %.*s",
+                           s->addr, s->rank, (int)(n - 1 > 120 ? 120 : n - 1),
+                           (const char *)b + 1);
+    }
+    if (f != F_FRAME || type != TERSE__STORE_WELCOME || n != TERSE__STORE_MAC)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT,
+                           "the server at %s answered rank %d's handshake with a malformed frame",
+                           s->addr, s->rank);
+    TERSE_CHECK(terse__store_server_mac(token, cnonce, snonce, (uint32_t)s->rank, mac));
+    int good = terse__store_mac_equal(mac, b);
+    OPENSSL_cleanse(mac, sizeof mac);
+    terse__store_rx_consume(&s->rx);
+    if (!good)
+        return TERSE_ERROR(TERSE_ERR_AUTH,
+                           "the server at %s could not prove it knows the job token; rank %d "
+                           "refuses to use it (another job's store or an impostor on that port?)",
+                           s->addr, s->rank);
+    return TERSE_OK;
+}
+
+/* Connect and authenticate, retrying with backoff until the deadline:
+ * rank 0 may start its server after the others start knocking. */
+static terse_status join(terse__store *s, const char *token) {
+    uint64_t deadline = terse__store_now_ms() + (uint64_t)s->timeout_ms;
+    unsigned backoff = 10;
+    char why[160] = "nobody answered";
+    for (;;) {
+        int connected = 0;
+        TERSE_CHECK(terse__store_connect(s->addr, deadline, &s->fd, &connected, why, sizeof why));
+        if (connected) {
+            int retry = 0;
+            terse_status st = handshake(s, token, deadline, &retry, why, sizeof why);
+            if (st == TERSE_OK && !retry) return TERSE_OK;
+            /* Refused, or refusing: hang up without another word (no BYE). */
+            close(s->fd);
+            s->fd = -1;
+            if (st != TERSE_OK) return st;
+        }
+        uint64_t now = terse__store_now_ms();
+        if (now >= deadline)
+            return TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                               "rank %d could not join the bootstrap store at %s within %d ms "
+                               "(last attempt: %s)",
+                               s->rank, s->addr, s->timeout_ms, why);
+        uint64_t wait = deadline - now < backoff ? deadline - now : backoff;
+        struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        backoff = backoff * 2 > 500 ? 500 : backoff * 2;
+    }
+}
+
+terse_status terse__store_open(const char *addr, int rank, int nranks, const char *token,
+                               int timeout_ms, terse__store **out) {
+    if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "terse__store_open: out is NULL");
+    *out = NULL;
+    if (!addr || strlen(addr) >= 256)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "the store address is missing or too long");
+    if (nranks < 1 || nranks > TERSE__STORE_MAX_RANKS || rank < 0 || rank >= nranks)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "rank %d of %d is not a valid place in a job",
+                           rank, nranks);
+    if (!token || !*token || strlen(token) > TERSE__STORE_MAX_TOKEN)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "the job token must be 1 to %d bytes long",
+                           TERSE__STORE_MAX_TOKEN);
+    if (timeout_ms <= 0)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "store timeout %d ms is not positive", timeout_ms);
+    char host[256];
+    unsigned port;
+    TERSE_CHECK(terse__store_split_addr(addr, "the store address", host, sizeof host, &port));
+
+    terse_status st;
+    terse__store *s = calloc(1, sizeof *s);
+    if (!s) return TERSE_ERROR(TERSE_ERR_NOMEM, "cannot allocate the store client");
+    s->fd = -1;
+    s->rank = rank;
+    s->nranks = nranks;
+    s->timeout_ms = timeout_ms;
+    s->lost_rank = -1;
+    s->next_id = 1;
+    snprintf(s->addr, sizeof s->addr, "%s", addr);
+    TERSE_CHECK_GOTO(terse__store_rx_init(&s->rx, TERSE__STORE_MAX_BODY), st, fail);
+    /* Rank 0 lingers at close for up to the timeout, so that no rank loses
+     * the store while it is still reading the last allgather. */
+    if (rank == 0)
+        TERSE_CHECK_GOTO(terse__store_server_start(addr, nranks, token, timeout_ms, &s->server),
+                         st, fail);
+    TERSE_CHECK_GOTO(join(s, token), st, fail);
+    *out = s;
+    return TERSE_OK;
+fail:
+    terse__store_abandon(s);
+    return st;
+}
+
+static void leave(terse__store *s, int orderly) {
+    if (!s) return;
+    if (orderly && s->fd >= 0 && !s->gone) {
+        /* Say goodbye, half-close, and wait briefly for the server to close
+         * its end: then the BYE has certainly been read, and our close
+         * cannot turn into a reset that loses it. */
+        uint64_t deadline = terse__store_now_ms() + (s->timeout_ms < 2000 ? s->timeout_ms : 2000);
+        if (terse__store_tx_frame(&s->tx, TERSE__STORE_BYE, NULL, 0, NULL, 0, NULL, 0) ==
+            TERSE_OK) {
+            while (terse__store_tx_pending(&s->tx) && terse__store_tx_flush(&s->tx, s->fd) == 0 &&
+                   terse__store_wait_fd(s->fd, POLLOUT, deadline) > 0) {}
+            shutdown(s->fd, SHUT_WR);
+            for (;;) {
+                s->rx.len = 0; /* whatever is still arriving no longer matters */
+                long r = terse__store_rx_read(&s->rx, s->fd);
+                if (r == 0 || r == -2) break;
+                if (r == -1 && terse__store_wait_fd(s->fd, POLLIN, deadline) <= 0) break;
+            }
+        }
+    }
+    if (s->fd >= 0) close(s->fd);
+    terse__store_server_stop(s->server, !orderly);
+    terse__store_rx_free(&s->rx);
+    terse__store_tx_free(&s->tx);
+    free(s);
+}
+
+void terse__store_close(terse__store *s) { leave(s, 1); }
+void terse__store_abandon(terse__store *s) { leave(s, 0); }
+
+/* ---- keys ---- */
+
+static terse_status check_key(const terse__store *s, const char *key) {
+    if (!s) return TERSE_ERROR(TERSE_ERR_INVALID, "the store is NULL");
+    if (!key || !*key || strlen(key) > TERSE__STORE_MAX_KEY)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "a store key must be 1 to %d bytes long",
+                           TERSE__STORE_MAX_KEY);
+    return TERSE_OK;
+}
+
+/* Send a SET or GET of key (with an optional value) and return its id. */
+static terse_status request(terse__store *s, uint8_t type, const char *key, const void *val,
+                            size_t len, uint64_t deadline, uint32_t *id) {
+    uint8_t hdr[6];
+    size_t klen = strlen(key);
+    *id = s->next_id++;
+    terse__put_u32(hdr, *id);
+    terse__put_u16(hdr + 4, (uint16_t)klen);
+    return send_frame(s, type, hdr, sizeof hdr, key, klen, val, len, deadline);
+}
+
+terse_status terse__store_set(terse__store *s, const char *key, const void *val, size_t len) {
+    TERSE_CHECK(check_key(s, key));
+    if (len > TERSE__STORE_MAX_VALUE || (len && !val))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "the value for store key '%s' is %zu bytes%s; at most %d are allowed",
+                           key, len, len && !val ? " at NULL" : "", TERSE__STORE_MAX_VALUE);
+    uint64_t deadline = terse__store_now_ms() + (uint64_t)s->timeout_ms;
+    uint32_t id;
+    const uint8_t *b;
+    size_t n;
+    if (s->lost_rank >= 0 || s->gone) return fail_lost(s);
+    TERSE_CHECK(request(s, TERSE__STORE_SET, key, val, len, deadline, &id));
+    terse_status st = await(s, id, TERSE__STORE_OK, deadline, &b, &n);
+    if (st == TERSE_ERR_TIMEOUT)
+        return TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                           "rank %d: the bootstrap store at %s did not confirm key '%s' within "
+                           "%d ms",
+                           s->rank, s->addr, key, s->timeout_ms);
+    if (st != TERSE_OK) return st;
+    terse__store_rx_consume(&s->rx);
+    return TERSE_OK;
+}
+
+terse_status terse__store_get(terse__store *s, const char *key, void *val, size_t *len,
+                              int timeout_ms) {
+    TERSE_CHECK(check_key(s, key));
+    if (!len || (*len && !val))
+        return TERSE_ERROR(TERSE_ERR_INVALID, "no buffer for the value of store key '%s'", key);
+    if (timeout_ms <= 0) timeout_ms = s->timeout_ms;
+    uint64_t deadline = terse__store_now_ms() + (uint64_t)timeout_ms;
+    uint32_t id;
+    const uint8_t *b;
+    size_t n;
+    if (s->lost_rank >= 0 || s->gone) return fail_lost(s);
+    TERSE_CHECK(request(s, TERSE__STORE_GET, key, NULL, 0, deadline, &id));
+    terse_status st = await(s, id, TERSE__STORE_VALUE, deadline, &b, &n);
+    if (st == TERSE_ERR_TIMEOUT)
+        return TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                           "rank %d waited %d ms for key '%s' in the bootstrap store at %s, "
+                           "and no rank set it",
+                           s->rank, timeout_ms, key, s->addr);
+    if (st != TERSE_OK) return st;
+    size_t cap = *len;
+    *len = n;
+    if (n > cap) {
+        terse__store_rx_consume(&s->rx);
+        return TERSE_ERROR(TERSE_ERR_DST_TOO_SMALL,
+                           "store key '%s' holds %zu bytes but the buffer has room for %zu", key,
+                           n, cap);
+    }
+    if (n) memcpy(val, b, n);
+    terse__store_rx_consume(&s->rx);
+    return TERSE_OK;
+}
+
+terse_status terse__store_allgather(terse__store *s, const void *mine, size_t len, void *all,
+                                    int timeout_ms) {
+    if (!s) return TERSE_ERROR(TERSE_ERR_INVALID, "the store is NULL");
+    if (len > TERSE__STORE_MAX_VALUE || (len && (!mine || !all)))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "store allgather of %zu bytes per rank (at most %d, buffers non-NULL)",
+                           len, TERSE__STORE_MAX_VALUE);
+    if (timeout_ms <= 0) timeout_ms = s->timeout_ms;
+    uint64_t deadline = terse__store_now_ms() + (uint64_t)timeout_ms;
+    /* Every rank calls allgather in the same order, so the sequence number
+     * names the same round on every rank and rounds never mix. */
+    unsigned seq = ++s->ag_seq;
+    char key[48];
+    snprintf(key, sizeof key, "ag/%u/%d", seq, s->rank);
+    TERSE_CHECK(terse__store_set(s, key, mine, len));
+    for (int r = 0; r < s->nranks; r++) {
+        snprintf(key, sizeof key, "ag/%u/%d", seq, r);
+        uint64_t now = terse__store_now_ms();
+        int left = now >= deadline ? 1 : (int)(deadline - now);
+        size_t got = len;
+        terse_status st =
+            terse__store_get(s, key, (uint8_t *)all + (size_t)r * len, &got, left);
+        if (st == TERSE_ERR_TIMEOUT)
+            return TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                               "rank %d waited %d ms in store allgather #%u for rank %d's "
+                               "contribution (key '%s' at %s)",
+                               s->rank, timeout_ms, seq, r, key, s->addr);
+        if (st == TERSE_ERR_DST_TOO_SMALL || (st == TERSE_OK && got != len))
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "store allgather #%u: rank %d contributed %zu bytes but rank %d "
+                               "expected %zu",
+                               seq, r, got, s->rank, len);
+        if (st != TERSE_OK) return st;
+    }
+    return TERSE_OK;
+}
+
+terse_status terse__store_check(void *store) {
+    terse__store *s = store;
+    if (!s) return TERSE_ERROR(TERSE_ERR_INVALID, "terse__store_check: the store is NULL");
+    const uint8_t *b;
+    size_t n;
+    /* Deadline 0: take in only what has already arrived, never wait. */
+    return await(s, 0, 0, 0, &b, &n);
+}

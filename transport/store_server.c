@@ -1,0 +1,494 @@
+/* The bootstrap store's server: one thread inside rank 0 that serves every
+ * connection with poll() and never blocks on any one of them.
+ *
+ * Each connection moves through two states. Unauthenticated, it may send
+ * exactly one small AUTH frame within TERSE__STORE_HANDSHAKE_MS; anything
+ * else (garbage, a wrong HMAC, an oversized length, silence) gets it dropped
+ * and logged to stderr with its address and the reason. Authenticated, it
+ * is a rank: it may SET and GET keys (a GET of a missing key is parked on
+ * the key and answered by the SET that creates it) and says BYE before it
+ * leaves. A rank whose connection ends without BYE is lost, and every other
+ * rank is told so with a LOST frame. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+
+#include "common/bytes.h"
+#include "common/error.h"
+#include "transport/store_table.h"
+#include "transport/store_wire.h"
+
+enum {
+    TERSE__STORE_HANDSHAKE_MS = 2000, /* a legitimate client answers HELLO at once */
+    MAX_PENDING = 128,                /* unauthenticated connections at one time */
+    MAX_QUEUED = 8 << 20,             /* bytes queued for a rank that does not read */
+    MAX_LOG_LINES = 200,              /* a flood of garbage must not flood stderr */
+};
+
+typedef struct conn {
+    int fd; /* -1: free slot */
+    uint64_t gen;
+    char peer[64];
+    int authed, rank, said_bye;
+    uint64_t hs_deadline;
+    uint8_t snonce[TERSE__STORE_NONCE];
+    terse__store_rx rx;
+    terse__store_tx tx;
+} conn;
+
+struct terse__store_server {
+    int lfd, wake[2];
+    pthread_t thread;
+    int nranks, linger_ms;
+    char token[TERSE__STORE_MAX_TOKEN + 1];
+    char addr[256];
+    conn *c;
+    size_t nslots, npending, nauthed;
+    uint64_t next_gen;
+    uint8_t *joined; /* joined[rank]: a rank joins once per job */
+    terse__store_table table;
+    unsigned nlogged;
+    struct pollfd *pfd;
+    size_t *pslot;
+    size_t pcap;
+};
+
+static void slog(terse__store_server *s, const char *fmt, ...) TERSE__PRINTF(2, 3);
+static void slog(terse__store_server *s, const char *fmt, ...) {
+    if (s->nlogged > MAX_LOG_LINES) return;
+    char msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (s->nlogged++ == MAX_LOG_LINES)
+        fprintf(stderr, "terse store %s: too many events; not logging more\n", s->addr);
+    else
+        fprintf(stderr, "terse store %s: %s\n", s->addr, msg);
+}
+
+/* ---- connections ---- */
+
+static void drop(terse__store_server *s, size_t slot, const char *fmt, ...) TERSE__PRINTF(3, 4);
+
+/* Queue a frame for slot; a connection whose queue cannot grow is dropped. */
+static void queue(terse__store_server *s, size_t slot, uint8_t type, const void *a, size_t alen,
+                  const void *b, size_t blen) {
+    conn *c = &s->c[slot];
+    if (terse__store_tx_frame(&c->tx, type, a, alen, b, blen, NULL, 0) != TERSE_OK)
+        drop(s, slot, "out of memory queueing a reply");
+    else if (terse__store_tx_pending(&c->tx) > MAX_QUEUED)
+        drop(s, slot, "has %zu bytes of replies queued and is not reading them",
+             terse__store_tx_pending(&c->tx));
+}
+
+/* Close slot. fmt (NULL for an orderly leave) is the reason logged. An
+ * authenticated rank that leaves without BYE is announced to the others. */
+static void drop(terse__store_server *s, size_t slot, const char *fmt, ...) {
+    conn *c = &s->c[slot];
+    if (c->fd < 0) return;
+    char why[256] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, sizeof why, fmt, ap);
+        va_end(ap);
+    }
+    int lost = c->authed && !c->said_bye;
+    if (lost)
+        slog(s, "rank %d (%s) lost: %s; telling the other ranks", c->rank, c->peer,
+             fmt ? why : "connection closed without goodbye");
+    else if (fmt)
+        slog(s, "dropped %s%s: %s", c->peer, c->authed ? "" : " (unauthenticated)", why);
+    /* One last non-blocking try, so a REFUSE reaches the client. */
+    (void)terse__store_tx_flush(&c->tx, c->fd);
+    close(c->fd);
+    c->fd = -1;
+    terse__store_rx_free(&c->rx);
+    terse__store_tx_free(&c->tx);
+    if (c->authed) s->nauthed--;
+    else s->npending--;
+    if (!lost) return;
+    uint8_t r[4];
+    terse__put_u32(r, (uint32_t)c->rank);
+    for (size_t i = 0; i < s->nslots; i++)
+        if (s->c[i].fd >= 0 && s->c[i].authed) queue(s, i, TERSE__STORE_LOST, r, 4, NULL, 0);
+}
+
+static void refuse(terse__store_server *s, size_t slot, uint8_t reason, const char *text) {
+    conn *c = &s->c[slot];
+    (void)terse__store_tx_frame(&c->tx, TERSE__STORE_REFUSE, &reason, 1, text, strlen(text),
+                                NULL, 0);
+}
+
+static void accept_one(terse__store_server *s, int fd) {
+    char peer[64];
+    terse__store_peer_name(fd, peer, sizeof peer);
+    if (s->npending >= MAX_PENDING) {
+        slog(s, "dropped %s: %zu unauthenticated connections are already open", peer,
+             s->npending);
+        close(fd);
+        return;
+    }
+    size_t slot = 0;
+    while (slot < s->nslots && s->c[slot].fd >= 0) slot++;
+    if (slot == s->nslots) {
+        conn *p = realloc(s->c, (s->nslots + 1) * sizeof *p);
+        if (!p) {
+            slog(s, "dropped %s: out of memory", peer);
+            close(fd);
+            return;
+        }
+        s->c = p;
+        s->c[s->nslots++].fd = -1;
+    }
+    conn *c = &s->c[slot];
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    c->gen = ++s->next_gen;
+    c->rank = -1;
+    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    c->hs_deadline = terse__store_now_ms() + TERSE__STORE_HANDSHAKE_MS;
+    s->npending++;
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* Until it authenticates, a connection can make us buffer one AUTH
+     * frame and nothing more. */
+    if (terse__store_rx_init(&c->rx, TERSE__STORE_AUTH_BODY) != TERSE_OK ||
+        terse__store_nonce(c->snonce) != TERSE_OK) {
+        drop(s, slot, "out of memory or randomness");
+        return;
+    }
+    queue(s, slot, TERSE__STORE_HELLO, c->snonce, TERSE__STORE_NONCE, NULL, 0);
+}
+
+/* ---- the handshake ---- */
+
+static void handle_auth(terse__store_server *s, size_t slot, uint8_t type, const uint8_t *b,
+                        size_t n) {
+    conn *c = &s->c[slot];
+    if (type != TERSE__STORE_AUTH || n != TERSE__STORE_AUTH_BODY) {
+        drop(s, slot, "sent frame type %u of %zu bytes instead of AUTH", type, n);
+        return;
+    }
+    uint32_t rank = terse__get_u32(b), nranks = terse__get_u32(b + 4);
+    const uint8_t *cnonce = b + 8, *mac = b + 8 + TERSE__STORE_NONCE;
+    uint8_t want[TERSE__STORE_MAC];
+    if (terse__store_client_mac(s->token, c->snonce, rank, want) != TERSE_OK) {
+        drop(s, slot, "HMAC computation failed");
+        return;
+    }
+    /* Check the proof first: an unauthenticated peer learns nothing about
+     * the job (its size, which ranks joined) from our answer. */
+    int good = terse__store_mac_equal(mac, want);
+    OPENSSL_cleanse(want, sizeof want);
+    if (!good) {
+        refuse(s, slot, TERSE__STORE_REFUSE_AUTH, "wrong token");
+        drop(s, slot, "failed authentication claiming rank %u (wrong token)", rank);
+        return;
+    }
+    char text[128];
+    if (rank >= (uint32_t)s->nranks || nranks != (uint32_t)s->nranks) {
+        snprintf(text, sizeof text, "rank %u of %u does not fit this job of %d ranks", rank,
+                 nranks, s->nranks);
+        refuse(s, slot, TERSE__STORE_REFUSE_SHAPE, text);
+        drop(s, slot, "refused: %s", text);
+        return;
+    }
+    if (s->joined[rank]) {
+        snprintf(text, sizeof text, "rank %u has already joined", rank);
+        refuse(s, slot, TERSE__STORE_REFUSE_DUPLICATE, text);
+        drop(s, slot, "refused: %s", text);
+        return;
+    }
+    uint8_t proof[TERSE__STORE_MAC];
+    if (terse__store_server_mac(s->token, cnonce, c->snonce, rank, proof) != TERSE_OK ||
+        terse__store_rx_grow(&c->rx, TERSE__STORE_MAX_BODY) != TERSE_OK) {
+        drop(s, slot, "out of memory or HMAC failure after authentication");
+        return;
+    }
+    c->authed = 1;
+    c->rank = (int)rank;
+    s->joined[rank] = 1;
+    s->npending--;
+    s->nauthed++;
+    queue(s, slot, TERSE__STORE_WELCOME, proof, sizeof proof, NULL, 0);
+}
+
+/* ---- requests from authenticated ranks ---- */
+
+/* Parse "u32 id, u16 klen, key" at the front of a SET or GET body. */
+static int parse_key(const uint8_t *b, size_t n, uint32_t *id, const char **key, size_t *klen) {
+    if (n < 6) return 0;
+    *id = terse__get_u32(b);
+    *klen = terse__get_u16(b + 4);
+    *key = (const char *)b + 6;
+    return *klen >= 1 && *klen <= TERSE__STORE_MAX_KEY && 6 + *klen <= n &&
+           !memchr(*key, '\0', *klen);
+}
+
+static void handle_set(terse__store_server *s, size_t slot, const uint8_t *b, size_t n) {
+    uint32_t id;
+    const char *key;
+    size_t klen;
+    if (!parse_key(b, n, &id, &key, &klen) || n - 6 - klen > TERSE__STORE_MAX_VALUE) {
+        drop(s, slot, "rank %d sent a malformed SET", s->c[slot].rank);
+        return;
+    }
+    terse__store_entry *e;
+    if (terse__store_table_find(&s->table, key, klen, 1, &e) != TERSE_OK ||
+        terse__store_entry_set(e, key + klen, n - 6 - klen) != TERSE_OK) {
+        drop(s, slot, "out of memory storing key '%.*s'", (int)klen, key);
+        return;
+    }
+    /* Answer every GET parked on this key whose connection is still the
+     * one that asked (same slot and generation). */
+    for (size_t i = 0; i < e->nwaiters; i++) {
+        terse__store_waiter w = e->waiters[i];
+        uint8_t idb[4];
+        terse__put_u32(idb, w.req);
+        if (w.slot < s->nslots && s->c[w.slot].fd >= 0 && s->c[w.slot].gen == w.gen)
+            queue(s, w.slot, TERSE__STORE_VALUE, idb, 4, e->val, e->len);
+    }
+    e->nwaiters = 0;
+    uint8_t idb[4];
+    terse__put_u32(idb, id);
+    if (s->c[slot].fd >= 0) queue(s, slot, TERSE__STORE_OK, idb, 4, NULL, 0);
+}
+
+static void handle_get(terse__store_server *s, size_t slot, const uint8_t *b, size_t n) {
+    uint32_t id;
+    const char *key;
+    size_t klen;
+    if (!parse_key(b, n, &id, &key, &klen) || n != 6 + klen) {
+        drop(s, slot, "rank %d sent a malformed GET", s->c[slot].rank);
+        return;
+    }
+    terse__store_entry *e;
+    if (terse__store_table_find(&s->table, key, klen, 1, &e) != TERSE_OK) {
+        drop(s, slot, "out of memory parking a GET of '%.*s'", (int)klen, key);
+        return;
+    }
+    uint8_t idb[4];
+    terse__put_u32(idb, id);
+    if (e->has_value) {
+        queue(s, slot, TERSE__STORE_VALUE, idb, 4, e->val, e->len);
+        return;
+    }
+    terse__store_waiter w = {(uint32_t)slot, id, s->c[slot].gen};
+    if (terse__store_entry_park(e, w) != TERSE_OK)
+        drop(s, slot, "out of memory parking a GET of '%.*s'", (int)klen, key);
+}
+
+static void handle_request(terse__store_server *s, size_t slot, uint8_t type, const uint8_t *b,
+                           size_t n) {
+    conn *c = &s->c[slot];
+    if (type == TERSE__STORE_SET) handle_set(s, slot, b, n);
+    else if (type == TERSE__STORE_GET) handle_get(s, slot, b, n);
+    else if (type == TERSE__STORE_BYE && n == 0) c->said_bye = 1;
+    else drop(s, slot, "rank %d sent an unexpected frame type %u (%zu bytes)", c->rank, type, n);
+}
+
+/* Read what slot has sent and act on every complete frame. */
+static void serve_input(terse__store_server *s, size_t slot) {
+    conn *c = &s->c[slot];
+    long r = terse__store_rx_read(&c->rx, c->fd);
+    if (r == 0) {
+        if (c->authed) drop(s, slot, c->said_bye ? NULL : "connection closed without goodbye");
+        else drop(s, slot, "closed the connection during the handshake");
+        return;
+    }
+    if (r == -2) {
+        drop(s, slot, "socket error: %s", strerror(errno));
+        return;
+    }
+    for (;;) {
+        c = &s->c[slot];
+        if (c->fd < 0) return;
+        size_t max = c->authed ? TERSE__STORE_MAX_BODY : TERSE__STORE_AUTH_BODY;
+        uint8_t type = 0;
+        const uint8_t *body = NULL;
+        size_t n = 0;
+        int k = terse__store_rx_peek(&c->rx, max, &type, &body, &n);
+        if (k == 0) return;
+        if (k < 0) {
+            drop(s, slot, "sent an oversized frame (length %zu, limit %zu)", n, max);
+            return;
+        }
+        if (c->authed) handle_request(s, slot, type, body, n);
+        else handle_auth(s, slot, type, body, n);
+        if (s->c[slot].fd >= 0) terse__store_rx_consume(&s->c[slot].rx);
+    }
+}
+
+/* ---- the loop ---- */
+
+static int build_pollset(terse__store_server *s) {
+    size_t need = 2 + s->nslots;
+    if (need > s->pcap) {
+        struct pollfd *p = realloc(s->pfd, need * sizeof *p);
+        if (p) s->pfd = p;
+        size_t *q = realloc(s->pslot, need * sizeof *q);
+        if (q) s->pslot = q;
+        if (!p || !q) return -1;
+        s->pcap = need;
+    }
+    s->pfd[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
+    s->pfd[1] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+    int n = 2;
+    for (size_t i = 0; i < s->nslots; i++) {
+        conn *c = &s->c[i];
+        if (c->fd < 0) continue;
+        short ev = POLLIN;
+        if (terse__store_tx_pending(&c->tx)) ev |= POLLOUT;
+        s->pfd[n] = (struct pollfd){.fd = c->fd, .events = ev};
+        s->pslot[n++] = i;
+    }
+    return n;
+}
+
+static void *serve(void *arg) {
+    terse__store_server *s = arg;
+    int draining = 0;
+    uint64_t drain_deadline = 0;
+    for (;;) {
+        /* 1. Drop connections that did not authenticate in time. */
+        uint64_t now = terse__store_now_ms(), next = draining ? drain_deadline : UINT64_MAX;
+        for (size_t i = 0; i < s->nslots; i++) {
+            conn *c = &s->c[i];
+            if (c->fd < 0 || c->authed) continue;
+            if (now >= c->hs_deadline)
+                drop(s, i, "sent no valid handshake within %d ms", TERSE__STORE_HANDSHAKE_MS);
+            else if (c->hs_deadline < next)
+                next = c->hs_deadline;
+        }
+        /* 2. After stop: leave once every rank is gone or the linger ends. */
+        if (draining && (s->nauthed == 0 || now >= drain_deadline)) break;
+        /* 3. Wait for sockets, the wake pipe, or the next deadline. */
+        int n = build_pollset(s);
+        if (n < 0) {
+            slog(s, "out of memory; the store stops");
+            break;
+        }
+        int ms = next == UINT64_MAX ? -1 : next - now > 60000 ? 60000 : (int)(next - now);
+        if (poll(s->pfd, (nfds_t)n, ms) < 0) {
+            if (errno == EINTR) continue;
+            slog(s, "poll failed: %s; the store stops", strerror(errno));
+            break;
+        }
+        if (s->pfd[0].revents) {
+            char b = 0;
+            if (read(s->wake[0], &b, 1) == 1 && b == 'a') break;
+            draining = 1;
+            drain_deadline = terse__store_now_ms() + (uint64_t)s->linger_ms;
+            if (s->lfd >= 0) close(s->lfd);
+            s->lfd = -1;
+        }
+        /* 4. Accept every waiting connection and greet it. */
+        if (s->lfd >= 0 && (s->pfd[1].revents & POLLIN)) {
+            for (;;) {
+                int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd >= 0) {
+                    accept_one(s, fd);
+                    continue;
+                }
+                if (errno == EINTR || errno == ECONNABORTED) continue;
+                if (errno != EAGAIN && errno != EWOULDBLOCK)
+                    slog(s, "accept failed: %s", strerror(errno));
+                break;
+            }
+        }
+        /* 5. Serve every connection that has input or room for output. The
+         * slot may have been dropped (and its fd closed) earlier in this
+         * pass, which the fd comparison catches. */
+        for (int i = 2; i < n; i++) {
+            size_t slot = s->pslot[i];
+            if (!s->pfd[i].revents || s->c[slot].fd != s->pfd[i].fd) continue;
+            if (s->pfd[i].revents & (POLLIN | POLLHUP | POLLERR)) serve_input(s, slot);
+        }
+        /* 6. Send what was queued (replies, parked values, LOST notices). */
+        for (size_t i = 0; i < s->nslots; i++) {
+            conn *c = &s->c[i];
+            if (c->fd >= 0 && terse__store_tx_pending(&c->tx) &&
+                terse__store_tx_flush(&c->tx, c->fd) != 0)
+                drop(s, i, "socket error while sending: %s", strerror(errno));
+        }
+    }
+    return NULL;
+}
+
+/* ---- start and stop ---- */
+
+static void destroy(terse__store_server *s) {
+    for (size_t i = 0; i < s->nslots; i++) {
+        if (s->c[i].fd >= 0) close(s->c[i].fd);
+        terse__store_rx_free(&s->c[i].rx);
+        terse__store_tx_free(&s->c[i].tx);
+    }
+    if (s->lfd >= 0) close(s->lfd);
+    if (s->wake[0] >= 0) close(s->wake[0]);
+    if (s->wake[1] >= 0) close(s->wake[1]);
+    terse__store_table_free(&s->table);
+    OPENSSL_cleanse(s->token, sizeof s->token);
+    free(s->c);
+    free(s->joined);
+    free(s->pfd);
+    free(s->pslot);
+    free(s);
+}
+
+terse_status terse__store_server_start(const char *addr, int nranks, const char *token,
+                                       int linger_ms, terse__store_server **out) {
+    *out = NULL;
+    terse__store_server *s = calloc(1, sizeof *s);
+    if (!s) return TERSE_ERROR(TERSE_ERR_NOMEM, "cannot allocate the bootstrap store");
+    s->lfd = s->wake[0] = s->wake[1] = -1;
+    s->nranks = nranks;
+    s->linger_ms = linger_ms;
+    snprintf(s->token, sizeof s->token, "%s", token);
+    snprintf(s->addr, sizeof s->addr, "%s", addr);
+    terse_status st;
+    s->joined = calloc((size_t)nranks, 1);
+    if (!s->joined)
+        TERSE_FAIL_GOTO(st, fail, TERSE_ERR_NOMEM, "cannot allocate the store's rank table");
+    TERSE_CHECK_GOTO(terse__store_listen(addr, &s->lfd), st, fail);
+    if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
+        TERSE_FAIL_GOTO(st, fail, TERSE_ERR_IO, "cannot create the store's wake pipe: %s",
+                        strerror(errno));
+    /* The thread takes no signals: they belong to the application's threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int rc = pthread_create(&s->thread, NULL, serve, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
+        TERSE_FAIL_GOTO(st, fail, TERSE_ERR_INTERNAL, "cannot start the store thread: %s",
+                        strerror(rc));
+    *out = s;
+    return TERSE_OK;
+fail:
+    destroy(s);
+    return st;
+}
+
+void terse__store_server_stop(terse__store_server *s, int abandon) {
+    if (!s) return;
+    /* The byte says how to stop: 'a' at once, 'x' after the linger. The pipe
+     * is empty (stop is called once), so the write cannot fail for space. */
+    ssize_t w = write(s->wake[1], abandon ? "a" : "x", 1);
+    (void)w;
+    pthread_join(s->thread, NULL);
+    destroy(s);
+}

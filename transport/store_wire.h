@@ -1,0 +1,145 @@
+/* The bootstrap store's wire: frames, the HMAC handshake, and the socket
+ * helpers shared by the client (store.c) and the server (store_server.c).
+ * Internal to transport/.
+ *
+ * A frame is a 4-byte little-endian body length, one type byte, then the
+ * body. The length is checked against a hard maximum (which is tiny until a
+ * connection has authenticated) before any byte of the body is buffered, so
+ * a peer can never make either side allocate what it asks for.
+ *
+ * Handshake, in order:
+ *   server -> HELLO   snonce[32]
+ *   client -> AUTH    u32 rank, u32 nranks, cnonce[32],
+ *                     HMAC-SHA256(token, snonce || "terse-store-v1" || u32 rank)
+ *   server -> WELCOME HMAC-SHA256(token, cnonce || snonce || "terse-store-v1/server" || u32 rank)
+ *          or REFUSE  u8 reason, text
+ * The two directions use different labels so that one side's proof can never
+ * be replayed as the other's. After WELCOME the client sends SET / GET / BYE
+ * (each request carries an id that its reply echoes) and the server sends
+ * OK / VALUE replies and LOST notices at any time. */
+#ifndef TERSE_TRANSPORT_STORE_WIRE_H
+#define TERSE_TRANSPORT_STORE_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "terse.h"
+
+enum {
+    TERSE__STORE_HDR = 5,            /* u32 length + u8 type */
+    TERSE__STORE_NONCE = 32,
+    TERSE__STORE_MAC = 32,           /* SHA-256 */
+    TERSE__STORE_MAX_KEY = 255,
+    TERSE__STORE_MAX_VALUE = 65536,
+    /* SET: u32 id, u16 key length, key, value -- the largest body. */
+    TERSE__STORE_MAX_BODY = 4 + 2 + TERSE__STORE_MAX_KEY + TERSE__STORE_MAX_VALUE,
+    TERSE__STORE_AUTH_BODY = 4 + 4 + TERSE__STORE_NONCE + TERSE__STORE_MAC,
+    TERSE__STORE_MAX_RANKS = 1 << 20,
+    TERSE__STORE_MAX_TOKEN = 255,
+};
+
+typedef enum terse__store_frame {
+    TERSE__STORE_HELLO = 1,   /* S->C snonce */
+    TERSE__STORE_AUTH = 2,    /* C->S see above */
+    TERSE__STORE_WELCOME = 3, /* S->C server proof */
+    TERSE__STORE_REFUSE = 4,  /* S->C u8 reason, text; then the server closes */
+    TERSE__STORE_SET = 5,     /* C->S u32 id, u16 klen, key, value */
+    TERSE__STORE_GET = 6,     /* C->S u32 id, u16 klen, key (parked until the key exists) */
+    TERSE__STORE_OK = 7,      /* S->C u32 id (a SET is stored) */
+    TERSE__STORE_VALUE = 8,   /* S->C u32 id, value */
+    TERSE__STORE_LOST = 9,    /* S->C u32 rank: that rank dropped without BYE */
+    TERSE__STORE_BYE = 10,    /* C->S empty: an orderly leave, not a loss */
+} terse__store_frame;
+
+typedef enum terse__store_refusal {
+    TERSE__STORE_REFUSE_AUTH = 1,      /* wrong token */
+    TERSE__STORE_REFUSE_DUPLICATE = 2, /* this rank has already joined */
+    TERSE__STORE_REFUSE_SHAPE = 3,     /* rank out of range or job size mismatch */
+} terse__store_refusal;
+
+/* ---- handshake proofs (store_auth.c), OpenSSL libcrypto ---- */
+
+/* Fill a nonce from the OpenSSL CSPRNG. TERSE_ERR_INTERNAL if it fails. */
+terse_status terse__store_nonce(uint8_t nonce[TERSE__STORE_NONCE]);
+/* The client's proof: HMAC(token, snonce || "terse-store-v1" || u32 rank). */
+terse_status terse__store_client_mac(const char *token, const uint8_t *snonce, uint32_t rank,
+                                     uint8_t mac[TERSE__STORE_MAC]);
+/* The server's proof: HMAC(token, cnonce || snonce || "terse-store-v1/server" || u32 rank). */
+terse_status terse__store_server_mac(const char *token, const uint8_t *cnonce,
+                                     const uint8_t *snonce, uint32_t rank,
+                                     uint8_t mac[TERSE__STORE_MAC]);
+/* Constant-time comparison of two MACs: 1 if equal. */
+int terse__store_mac_equal(const uint8_t *a, const uint8_t *b);
+
+/* ---- frame buffers (store_frame.c) ---- */
+
+/* Bytes received but not yet consumed. cap is fixed by the caller (it bounds
+ * the largest frame this side accepts). */
+typedef struct terse__store_rx {
+    uint8_t *buf;
+    size_t len, cap;
+} terse__store_rx;
+
+/* Bytes queued for sending (grows; head is the first unsent byte). */
+typedef struct terse__store_tx {
+    uint8_t *buf;
+    size_t head, len, cap;
+} terse__store_tx;
+
+terse_status terse__store_rx_init(terse__store_rx *rx, size_t max_body);
+terse_status terse__store_rx_grow(terse__store_rx *rx, size_t max_body);
+void terse__store_rx_free(terse__store_rx *rx);
+/* recv what the socket has into free space: >0 bytes read, 0 the peer
+ * closed, -1 nothing available (EAGAIN), -2 a socket error (errno set). */
+long terse__store_rx_read(terse__store_rx *rx, int fd);
+/* The first complete frame: 1 and (*type, *body, *blen) pointing into the
+ * buffer; 0 if incomplete; -1 if its length exceeds max_body (*blen holds
+ * the claimed length). The frame stays until terse__store_rx_consume. */
+int terse__store_rx_peek(const terse__store_rx *rx, size_t max_body, uint8_t *type,
+                         const uint8_t **body, size_t *blen);
+void terse__store_rx_consume(terse__store_rx *rx);
+
+void terse__store_tx_free(terse__store_tx *tx);
+/* Queue one frame whose body is the concatenation of up to three parts
+ * (NULL/0 parts are skipped). TERSE_ERR_NOMEM if the queue cannot grow. */
+terse_status terse__store_tx_frame(terse__store_tx *tx, uint8_t type, const void *a, size_t alen,
+                                   const void *b, size_t blen, const void *c, size_t clen);
+size_t terse__store_tx_pending(const terse__store_tx *tx);
+/* send what the socket takes: 0 when all or some was sent or the socket is
+ * full (EAGAIN), -1 on a socket error (errno set). Never raises SIGPIPE. */
+int terse__store_tx_flush(terse__store_tx *tx, int fd);
+
+/* ---- sockets and time (store_net.c) ---- */
+
+/* CLOCK_MONOTONIC in milliseconds. */
+uint64_t terse__store_now_ms(void);
+/* Split "host:port" or "[v6]:port" into host and a port in 1..65535. The
+ * error sentence names `what` (e.g. "TERSE_ADDR") and the string. */
+terse_status terse__store_split_addr(const char *addr, const char *what, char *host,
+                                     size_t host_cap, unsigned *port);
+/* Listen on exactly host:port (SO_REUSEADDR, non-blocking, close-on-exec). */
+terse_status terse__store_listen(const char *addr, int *fd);
+/* One non-blocking connect attempt to addr that gives up at deadline_ms:
+ * 1 and *fd connected, 0 if refused/unreachable/timed out (reason in
+ * why[]), or a status if addr cannot be used at all. */
+terse_status terse__store_connect(const char *addr, uint64_t deadline_ms, int *fd, int *connected,
+                                  char *why, size_t why_cap);
+/* "ip:port" of the peer (or "unknown peer"). */
+void terse__store_peer_name(int fd, char *buf, size_t cap);
+/* Wait until fd is readable/writable (events as for poll) or deadline_ms:
+ * 1 ready, 0 timed out, -1 error. */
+int terse__store_wait_fd(int fd, short events, uint64_t deadline_ms);
+
+/* ---- the server thread (store_server.c), run inside rank 0 ---- */
+
+typedef struct terse__store_server terse__store_server;
+
+/* Bind addr, then serve nranks ranks that know token on a new thread. */
+terse_status terse__store_server_start(const char *addr, int nranks, const char *token,
+                                       int linger_ms, terse__store_server **out);
+/* Stop accepting; unless abandon, wait (at most linger_ms) until every
+ * authenticated rank has disconnected; then end the thread and free. NULL
+ * is accepted. */
+void terse__store_server_stop(terse__store_server *srv, int abandon);
+
+#endif
