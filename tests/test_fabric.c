@@ -349,7 +349,10 @@ static terse_status body_killed(terse__fabric *f, int rank, int nranks, int ctl,
     int sends = (rank == 0) == g_rank0_sends;
     if (!st) st = sends ? terse__fabric_isend(f, 1 - rank, 8, buf, 64 * MiB, &q)
                         : terse__fabric_irecv(f, 1 - rank, 8, buf, 64 * MiB, &q);
-    if (st) return st;
+    if (st) {
+        free(buf);
+        return st;
+    }
     if (rank == 1) {
         (void)terse__fabric_wait(f, &q, 1, in_ms(5), NULL, NULL);
         raise(SIGKILL);
