@@ -408,6 +408,18 @@ typedef struct terse_comm terse_comm;
  *                 challenge-response). Required when nranks > 1.
  *   timeout_ms    TERSE_TIMEOUT_MS, default 60000: the longest any call
  *                 waits on a peer before failing.
+ *
+ * Tuning variables (environment only; set them alike on every rank):
+ *   TERSE_IFACE             network interface (tcp) or device (verbs, efa)
+ *                           to use; default: loopback when all ranks share
+ *                           a host, else libfabric's first choice.
+ *   TERSE_CHUNK_BYTES       transport chunk size (default 1 MiB; K/M suffix).
+ *   TERSE_RING_CHUNK_BYTES  ring pipeline chunk (default 512 KiB).
+ *   TERSE_RD_MAX_BYTES      dense buffers up to this size use recursive
+ *                           doubling instead of the ring (default 64 KiB).
+ *   TERSE_FABRIC_REGISTER=1 register every buffer even when the provider
+ *                           does not require it (for testing).
+ *   TERSE_SIMD              scalar | avx2: cap the SIMD level of the codecs.
  */
 typedef struct terse_comm_config {
     size_t size;          /* sizeof(terse_comm_config) */
