@@ -200,7 +200,8 @@ static terse_status post_pending(terse__fabric *f) {
 static int try_inject(terse__fabric *f, terse__fabric_req *r, terse_status *st) {
     static const uint8_t none = 0; /* some providers dislike NULL even for 0 bytes */
     *st = TERSE_OK;
-    if (!r->is_send || r->chunks != 1 || r->len > f->inject_bytes) return 0;
+    if (!r->is_send || r->chunks != 1 || f->inject_bytes == 0 || r->len > f->inject_bytes)
+        return 0; /* an inject size of 0 means the provider cannot inject at all */
     ssize_t ret = fi_tinject(f->ep, r->len ? r->buf : &none, r->len, f->addrs[r->peer], r->tag);
     if (ret == -FI_EAGAIN) return 0;
     if (ret != 0) {
