@@ -115,6 +115,10 @@ typedef struct tr_job {
     int timeout_ms;    /* TERSE_TIMEOUT_MS for the ranks */
     double wall_s;     /* the parent kills everything after this */
     int victim;        /* a rank expected to die by SIGKILL, or -1 */
+    /* Non-NULL: a survivor still running at wall_s is a known limitation
+     * outside terse (the sentence says which) -- reported on stderr, killed,
+     * and left with finished == 0 for the caller, not a test failure. */
+    const char *known_hang;
 } tr_job;
 
 /* Run body on every rank of job; returns the shared outputs (munmap with
@@ -178,8 +182,13 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
         for (int r = 0; r < job->nranks; r++)
             fprintf(stderr, "rank %d: finished %d status %d err %s\n", r, outs[r].finished,
                          outs[r].status, outs[r].err);
-        cr_assert_fail("%d of %d ranks (%s) still running after %.0f s; killed", left,
-                       job->nranks, job->provider, job->wall_s);
+        if (!job->known_hang)
+            cr_assert_fail("%d of %d ranks (%s) still running after %.0f s; killed", left,
+                           job->nranks, job->provider, job->wall_s);
+        fprintf(stderr, "WARNING: KNOWN LIMITATION: %d of %d ranks (%s) still running after %.0f s: %s\n",
+                left, job->nranks, job->provider, job->wall_s, job->known_hang);
+        for (int r = 0; r < job->nranks; r++)
+            if (!outs[r].finished && r != job->victim) status[r] = 0; /* checked by the caller */
     }
     for (int r = 0; r < job->nranks; r++) {
         if (r == job->victim) {
