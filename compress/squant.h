@@ -12,12 +12,25 @@
  * a function of the shape alone.
  *
  * Element j of bucket b decodes to (scale_b / L) * level, and is encoded by
- * rounding u = |x| / scale_b * L up with probability frac(u), using draw
+ * rounding u = |x| / s_b * L up with probability frac(u), using draw
  * terse__rng_u32(terse__rng_subkey(key, b), j) with key =
- * terse__rng_key(seed, step, tensor, rank). Unbiased up to the 24-bit
- * resolution of that draw.
+ * terse__rng_key(seed, step, tensor, rank), where s_b is the bucket's
+ * norm (L2 or max). Unbiased up to the 24-bit resolution of that draw.
  *
- * Special buckets:
+ * Least-squares rescaling (lsq): the levels are drawn as above, then the
+ * scale sent is not s_b but the one that brings the decoded bucket closest
+ * to x for those levels,
+ *     scale_b = L * sum_j x_j l_j / sum_j l_j^2
+ * in double, rounded to fp32 (and capped at FLT_MAX), when some level is
+ * nonzero; else s_b, which no level uses. Every l_j has the sign of x_j,
+ * so the numerator is positive, and the per-bucket error is
+ * ||x||^2 - <x,l>^2 / ||l||^2 <= ||x||^2 up to fp32 rounding: a
+ * contraction, which error feedback needs and unbiased rounding is not
+ * (its variance exceeds ||x||^2 at few levels). The price is bias. Only
+ * the scale changes: the levels, the layout and the decoder are the same
+ * with and without it.
+ *
+ * Special buckets (the same with and without lsq):
  *   - all zeros (+0 or -0): scale 0, every level 0; decodes to zeros.
  *   - a NaN or Inf anywhere in the bucket, or (qsgd) a norm that overflows
  *     fp32: scale is the quiet NaN 0x7fc00000, every level 0; the whole
@@ -40,15 +53,16 @@ typedef struct terse__squant {
     const char *name; /* codec name, for error sentences */
     terse__squant_scale scale;
     unsigned bits, levels; /* levels = L */
+    int lsq;               /* least-squares scales (above) */
     size_t n, bucket, nbuckets, last; /* last: elements in the last bucket */
     size_t stride;                    /* code bytes of a full bucket */
     size_t payload;                   /* exact payload bytes */
 } terse__squant;
 
 /* Lay out a codec for n >= 1 elements, buckets of `bucket` >= 1 (< 2^32)
- * elements, bits in [2, 8]. */
+ * elements, bits in [2, 8]; lsq nonzero for least-squares scales. */
 void terse__squant_init(terse__squant *q, const char *name, size_t n, size_t bucket, unsigned bits,
-                        terse__squant_scale scale);
+                        terse__squant_scale scale, int lsq);
 
 /* Write exactly q->payload bytes. */
 void terse__squant_encode(const terse__squant *q, const terse_encode_ctx *ctx, const float *x,

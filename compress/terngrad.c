@@ -3,7 +3,13 @@
  * scale s = max|x| in fp32, and each element becomes s * sign(x) with
  * probability |x| / s, else 0. That is QSGD's rounding with one level
  * (L = 1) against the max norm instead of the L2 norm, so it runs on the
- * same engine (squant.h) at 2 bits: code 0 = -s, 1 = 0, 2 = +s, 3 invalid. */
+ * same engine (squant.h) at 2 bits: code 0 = -s, 1 = 0, 2 = +s, 3 invalid.
+ *
+ * lsq=1 sends, instead of max|x|, the least-squares scale of the drawn
+ * signs: the mean |x| over the elements kept (squant.h). Biased, but a
+ * contraction, which error feedback needs and TernGrad's unbiased
+ * rounding is not (its variance sum |x|(s - |x|) exceeds ||x||^2 on
+ * Gaussian buckets of the default 512). Default 1 with ef=1, else 0. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,12 +19,15 @@
 
 static terse_status terngrad_create(terse_spec *spec, size_t rows, size_t cols, void **self,
                                     char *canon, size_t canon_cap) {
-    uint64_t bucket;
+    uint64_t bucket, lsq;
     TERSE_CHECK(terse_spec_get_u64(spec, "bucket", 512, 8, (uint64_t)1 << 24, &bucket));
+    TERSE_CHECK(
+        terse_spec_get_u64(spec, "lsq", terse_spec_error_feedback(spec) ? 1 : 0, 0, 1, &lsq));
     terse__squant *q = malloc(sizeof *q);
     if (!q) return TERSE_ERROR(TERSE_ERR_NOMEM, "allocating codec 'terngrad'");
-    terse__squant_init(q, "terngrad", rows * cols, (size_t)bucket, 2, TERSE_SQUANT_ABSMAX);
-    snprintf(canon, canon_cap, "bucket=%zu", q->bucket);
+    terse__squant_init(q, "terngrad", rows * cols, (size_t)bucket, 2, TERSE_SQUANT_ABSMAX,
+                       (int)lsq);
+    snprintf(canon, canon_cap, "bucket=%zu,lsq=%d", q->bucket, q->lsq);
     *self = q;
     return TERSE_OK;
 }

@@ -149,22 +149,41 @@ TERSE_API const char *terse_last_error(void);
  *                         default 512. 8 + 32/B bits. |error| <= s/2
  *                         (up to fp32 rounding). A bucket holding Inf or
  *                         NaN decodes to all NaN.
- *   qsgd:bits=b,bucket=B  QSGD. Per bucket: norm ||x||_2 (fp32); each
+ *   qsgd:bits=b,bucket=B,lsq=0|1
+ *                         QSGD. Per bucket: norm ||x||_2 (fp32); each
  *                         element is stochastically rounded to one of 2^b - 1
  *                         symmetric levels {-L..L}/L * norm, L = 2^(b-1)-1,
  *                         unbiased (to 2^-24 of a level), b bits packed.
  *                         E||D(E(x)) - x||^2 <= min(B/L^2, sqrt(B)/L) ||x||^2
- *                         per bucket; where that factor exceeds 1 it is not
- *                         a contraction, and with ef=1 the residual can grow.
- *                         b in [2, 8] (default 4), B in [8, 2^24] (default
- *                         512). A bucket holding Inf or NaN, or whose norm
- *                         overflows fp32, decodes to NaN throughout; other
- *                         buckets are unaffected. Accepts seed=.
- *   terngrad:bucket=B     TernGrad. Per bucket: scale s = max|x| (fp32); each
+ *                         per bucket; where that factor exceeds 1 it need
+ *                         not be a contraction, and error feedback can
+ *                         diverge.
+ *                         lsq=1 draws the same levels l but sends the
+ *                         least-squares scale L <x,l> / ||l||^2 instead of
+ *                         the norm: biased, but ||D(E(x)) - x|| <= ||x||
+ *                         in every bucket (up to fp32 rounding), a
+ *                         contraction, which is what error feedback wants.
+ *                         Same message size and format; any qsgd codec of
+ *                         the shape decodes either. Default: lsq=0, or 1
+ *                         when ef=1. b in [2, 8] (default 4), B in [8,
+ *                         2^24] (default 512). A bucket holding Inf or NaN,
+ *                         or whose norm overflows fp32, decodes to NaN
+ *                         throughout; other buckets are unaffected.
+ *                         Accepts seed=.
+ *   terngrad:bucket=B,lsq=0|1
+ *                         TernGrad. Per bucket: scale s = max|x| (fp32); each
  *                         element becomes s*sign(x) with probability |x|/s,
- *                         else 0: unbiased, 2 bits packed. B in [8, 2^24],
- *                         default 512. Inf/NaN buckets decode to NaN, as in
- *                         qsgd. Accepts seed=.
+ *                         else 0: unbiased, 2 bits packed. Not a
+ *                         contraction in general: the expected error
+ *                         sum |x|(s - |x|) exceeds ||x||^2 on Gaussian
+ *                         buckets of 512.
+ *                         lsq=1 keeps the same draws but sends as s the
+ *                         mean |x| of the elements kept (the least-squares
+ *                         scale): biased, a contraction per bucket, for
+ *                         error feedback; format unchanged. Default: lsq=0,
+ *                         or 1 when ef=1. B in [8, 2^24], default 512.
+ *                         Inf/NaN buckets decode to NaN, as in qsgd.
+ *                         Accepts seed=.
  *   sign:bucket=B         scaled sign (EF-signSGD's compressor): 1 bit per
  *                         element plus one fp32 scale per bucket, the mean
  *                         |x| of the bucket; decodes to +-mean, with +0, -0
@@ -253,7 +272,7 @@ TERSE_API size_t terse_codec_bound(const terse_codec *codec);
 TERSE_API size_t terse_codec_elements(const terse_codec *codec);
 
 /* The canonical spec of the codec, every option spelled out (e.g.
- * "qsgd:bits=4,bucket=512,ef=0,seed=0"). Owned by the codec. */
+ * "qsgd:bits=4,bucket=512,lsq=0,ef=0,seed=0"). Owned by the codec. */
 TERSE_API const char *terse_codec_spec(const terse_codec *codec);
 
 /*

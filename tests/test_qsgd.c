@@ -45,7 +45,7 @@ static size_t payload_size(size_t n, size_t B, unsigned bits) {
 
 Test(qsgd, canonical_spec_traits_and_exact_bound) {
     terse_codec *c = make("qsgd", 1000);
-    cr_expect_str_eq(terse_codec_spec(c), "qsgd:bits=4,bucket=512,ef=0,seed=0");
+    cr_expect_str_eq(terse_codec_spec(c), "qsgd:bits=4,bucket=512,lsq=0,ef=0,seed=0");
     cr_expect_eq(terse_codec_bound(c), 32 + payload_size(1000, 512, 4));
     terse_codec_traits t = TERSE_CODEC_TRAITS_INIT;
     cr_assert_eq(terse_codec_get_traits(c, &t), TERSE_OK);
@@ -59,7 +59,7 @@ Test(qsgd, canonical_spec_traits_and_exact_bound) {
     free(msg);
     terse_codec_free(c);
     c = make("qsgd:bits=7,bucket=100,seed=9", 1000);
-    cr_expect_str_eq(terse_codec_spec(c), "qsgd:bits=7,bucket=100,ef=0,seed=9");
+    cr_expect_str_eq(terse_codec_spec(c), "qsgd:bits=7,bucket=100,lsq=0,ef=0,seed=9");
     terse_codec_free(c);
 }
 
@@ -71,6 +71,9 @@ Test(qsgd, bad_specs_are_invalid_and_name_the_token) {
     tu_expect_bad_spec("qsgd:bucket=16777217", "bucket=16777217");
     tu_expect_bad_spec("qsgd:bits=four", "bits=four");
     tu_expect_bad_spec("qsgd:levels=3", "levels");
+    tu_expect_bad_spec("qsgd:lsq=2", "lsq=2");
+    tu_expect_bad_spec("qsgd:lsq=x", "lsq=x");
+    tu_expect_bad_spec("qsgd:ef=1,lsq=-1", "lsq=-1");
 }
 
 /* ------------------------------------------------------------ statistics */
@@ -512,6 +515,201 @@ Test(qsgd, simd_kernels_break_ties_between_draw_and_fraction_like_scalar) {
     for (size_t j = 0; j < N; j++)
         cr_assert_eq((codes[j / 4] >> (2 * (j % 4))) & 3, 1, "element %zu rounded up on a tie", j);
     compare_kernels(x, N, 1.0f, 1.0f, 1.0f);
+}
+
+/* ------------------------------------------------------------ lsq */
+
+Test(qsgd, lsq_is_on_by_default_only_with_ef_and_is_in_the_canonical_spec) {
+    const char *cases[][2] = {
+        {"qsgd", "qsgd:bits=4,bucket=512,lsq=0,ef=0,seed=0"},
+        {"qsgd:ef=1", "qsgd:bits=4,bucket=512,lsq=1,ef=1,seed=0"},
+        {"qsgd:ef=1,lsq=0", "qsgd:bits=4,bucket=512,lsq=0,ef=1,seed=0"},
+        {"qsgd:lsq=1,bits=3", "qsgd:bits=3,bucket=512,lsq=1,ef=0,seed=0"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        terse_codec *c = make(cases[k][0], 100);
+        cr_expect_str_eq(terse_codec_spec(c), cases[k][1]);
+        terse_codec_free(c);
+    }
+}
+
+/* The default without ef is lsq=0, and lsq=0 is the unbiased encoder that
+ * message_is_the_documented_layout_of_scalar_reference_codes pins down:
+ * the same bytes as an explicit lsq=0, step after step. */
+Test(qsgd, without_ef_the_default_messages_are_the_lsq_0_messages) {
+    enum { N = 1500 };
+    static float x[N];
+    for (unsigned bits = 2; bits <= 8; bits += 2) {
+        char s0[64], s1[64];
+        snprintf(s0, sizeof s0, "qsgd:bits=%u,bucket=128,seed=8", bits);
+        snprintf(s1, sizeof s1, "qsgd:bits=%u,bucket=128,seed=8,lsq=0", bits);
+        terse_codec *a = make(s0, N), *b = make(s1, N);
+        for (uint64_t t = 0; t < 3; t++) {
+            tu_fill_gauss(x, N, 40 + t);
+            uint8_t *ma, *mb;
+            size_t la = tu_encode(a, x, &ma), lb = tu_encode(b, x, &mb);
+            cr_assert(la == lb && memcmp(ma, mb, la) == 0, "bits=%u step %llu: messages differ",
+                      bits, (unsigned long long)t);
+            free(ma);
+            free(mb);
+        }
+        terse_codec_free(a);
+        terse_codec_free(b);
+    }
+}
+
+/* Bucket b of an n-element input: gaussian with a twist per bucket, so the
+ * buckets cover spikes, one sign, zeros of both signs among values, and
+ * (two fixed buckets) an all-zero and a NaN bucket. */
+static void lsq_input(float *x, size_t n, size_t B, uint64_t seed) {
+    tu_fill_gauss(x, n, seed);
+    for (size_t i = 0; i < n; i++) {
+        size_t b = i / B, j = i % B;
+        if (b == 7)
+            x[i] = (j & 1) ? -0.0f : 0.0f;
+        else if (b == 8 && j == 5)
+            x[i] = NAN;
+        else if (b % 5 == 1 && j == 3)
+            x[i] *= 50.0f;
+        else if (b % 5 == 2)
+            x[i] = -fabsf(x[i]);
+        else if (b % 5 == 3 && (j % 3))
+            x[i] = (j & 1) ? -0.0f : 0.0f;
+        else if (b % 5 == 4)
+            x[i] = fabsf(x[i]) * 1e-30f;
+    }
+}
+
+/* The levels of bucket b of a message (n elements, buckets of B), as
+ * floats: the scalar decoder with step 1 gives code - L exactly. */
+static void wire_levels(const uint8_t *msg, size_t n, size_t B, unsigned bits, size_t b,
+                        float *lev) {
+    size_t nb = (n + B - 1) / B, blen = b + 1 == nb ? n - b * B : B;
+    const uint8_t *in = msg + TERSE_WIRE_HEADER_SIZE + 4 * nb + b * ((B * bits + 7) / 8);
+    cr_assert_eq(terse__squant_decode_scalar(in, blen, bits, 1.0f, 1.0f, 0, lev), 0);
+}
+
+/* ||x - y||^2 and ||x||^2 over len elements, in double. */
+static void err_and_norm(const float *x, const float *y, size_t len, double *e2, double *x2) {
+    *e2 = *x2 = 0;
+    for (size_t i = 0; i < len; i++) {
+        *e2 += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+        *x2 += (double)x[i] * x[i];
+    }
+}
+
+/* With lsq=1 the levels are those lsq=0 draws (same seed and step: the
+ * code bytes match), each scale is L <x,l> / ||l||^2 for them (recomputed
+ * here from the wire, to fp32 rounding), and so every bucket contracts: ||x - D(C(x))|| <=
+ * ||x||, and no worse than with the unbiased scale. At 2 bits the unbiased
+ * scale breaks that bound, so the check can fail. */
+Test(qsgd, least_squares_scales_make_every_bucket_a_contraction) {
+    enum { N = 1000, B = 96, NB = 11, T = 6 };
+    static float x[N], y0[N], y1[N], lev[B];
+    for (unsigned bits = 2; bits <= 8; bits++) {
+        unsigned L = (1u << (bits - 1)) - 1;
+        char s0[64], s1[64];
+        snprintf(s0, sizeof s0, "qsgd:bits=%u,bucket=%d,seed=5,lsq=0", bits, B);
+        snprintf(s1, sizeof s1, "qsgd:bits=%u,bucket=%d,seed=5,lsq=1", bits, B);
+        terse_codec *c0 = make(s0, N), *c1 = make(s1, N);
+        double worst0 = 0, worst1 = 0;
+        for (uint64_t t = 0; t < T; t++) {
+            lsq_input(x, N, B, 60 + t);
+            uint8_t *m0, *m1;
+            size_t len = tu_encode(c0, x, &m0), codes = 32 + 4 * NB;
+            cr_assert_eq(tu_encode(c1, x, &m1), len, "lsq changes the message size");
+            cr_assert_eq(memcmp(m0 + codes, m1 + codes, len - codes), 0,
+                         "bits=%u: lsq changed the levels", bits);
+            cr_assert_eq(terse_decode(c0, m0, len, y0, 1.0f, 0), TERSE_OK);
+            cr_assert_eq(terse_decode(c1, m1, len, y1, 1.0f, 0), TERSE_OK);
+            for (size_t b = 0; b < NB; b++) {
+                size_t lo = b * B, blen = b + 1 == NB ? N - lo : B;
+                float sc0 = wire_scale(m0, b), sc1 = wire_scale(m1, b);
+                if (sc0 == 0 || isnan(sc0)) { /* special buckets are left alone */
+                    cr_assert_eq(f2u(sc1), f2u(sc0), "bits=%u bucket %zu", bits, b);
+                    continue;
+                }
+                wire_levels(m1, N, B, bits, b, lev);
+                double dot = 0, sq = 0;
+                for (size_t j = 0; j < blen; j++) {
+                    dot += (double)x[lo + j] * lev[j];
+                    sq += (double)lev[j] * lev[j];
+                }
+                /* to one fp32 ulp: the codec sums in another order */
+                double want = sq > 0 ? L * dot / sq : sc0;
+                cr_assert(fabs(sc1 - want) <= 0x1p-23 * want,
+                          "bits=%u bucket %zu: scale %a, want %a", bits, b, (double)sc1, want);
+                double e0, e1, x2;
+                err_and_norm(x + lo, y0 + lo, blen, &e0, &x2);
+                err_and_norm(x + lo, y1 + lo, blen, &e1, &x2);
+                cr_assert(e1 <= x2 * (1 + 1e-6), "bits=%u bucket %zu: ||x-D||^2 %g > ||x||^2 %g",
+                          bits, b, e1, x2);
+                cr_assert(e1 <= e0 * (1 + 1e-6) + 1e-9 * x2,
+                          "bits=%u bucket %zu: lsq error %g above the unbiased %g", bits, b, e1,
+                          e0);
+                worst0 = fmax(worst0, e0 / x2);
+                worst1 = fmax(worst1, e1 / x2);
+            }
+            free(m0);
+            free(m1);
+        }
+        cr_log_info("bits=%u: worst ||x-D||^2/||x||^2 unbiased %.3g, lsq %.3g", bits, worst0,
+                    worst1);
+        if (bits == 2)
+            cr_expect(worst0 > 2, "the unbiased 2-bit scale contracted (worst ratio %g)", worst0);
+        terse_codec_free(c0);
+        terse_codec_free(c1);
+    }
+}
+
+/* The least-squares scale is below 2 norms, so it can pass FLT_MAX when
+ * the norm is near it; it is capped there, which still contracts. At
+ * L = 3 with u = (2.9, 0.768), the levels (2, 0) and (2, -1) give scales
+ * of 1.45 and 1.31 norms, 4.3e38 and 3.9e38 for a norm of 3e38. */
+Test(qsgd, a_least_squares_scale_past_flt_max_is_capped_and_still_contracts) {
+    enum { N = 8, T = 200 };
+    float x[N] = {2.9e38f, -0.768e38f}, y[N];
+    terse_codec *c = make("qsgd:bits=3,bucket=8,lsq=1,seed=1", N);
+    int capped = 0;
+    for (int t = 0; t < T; t++) {
+        uint8_t *m;
+        size_t len = tu_encode(c, x, &m);
+        cr_assert_eq(terse_decode(c, m, len, y, 1.0f, 0), TERSE_OK);
+        float sc = wire_scale(m, 0);
+        cr_assert(isfinite(sc) && sc > 0, "step %d: scale %g", t, (double)sc);
+        capped += sc == FLT_MAX;
+        double e2, x2;
+        err_and_norm(x, y, N, &e2, &x2);
+        cr_assert(e2 <= x2 * (1 + 1e-6), "step %d: ||x-D||^2 %g > ||x||^2 %g", t, e2, x2);
+        free(m);
+    }
+    cr_expect(capped > 0, "no step drew levels whose scale passes FLT_MAX");
+    terse_codec_free(c);
+}
+
+/* The format does not change: a codec created without lsq decodes an lsq
+ * message to the same bits, plain and accumulated (ef=1 turns lsq on). */
+Test(qsgd, an_lsq_message_decodes_the_same_in_a_codec_without_lsq) {
+    enum { N = 1111 };
+    static float x[N], ya[N], yb[N];
+    tu_fill_gauss(x, N, 70);
+    terse_codec *enc = make("qsgd:bits=3,bucket=64,ef=1", N);
+    terse_codec *with = make("qsgd:bits=3,bucket=64,lsq=1", N);
+    terse_codec *without = make("qsgd:bits=3,bucket=64,lsq=0", N);
+    cr_assert_eq(terse_codec_bound(enc), terse_codec_bound(without));
+    uint8_t *m;
+    size_t len = tu_encode(enc, x, &m);
+    for (int acc = 0; acc < 2; acc++) {
+        for (size_t i = 0; i < N; i++) ya[i] = yb[i] = (float)i;
+        cr_assert_eq(terse_decode(with, m, len, ya, 0.5f, acc), TERSE_OK);
+        cr_assert_eq(terse_decode(without, m, len, yb, 0.5f, acc), TERSE_OK, "%s",
+                     terse_last_error());
+        cr_expect_eq(memcmp(ya, yb, sizeof ya), 0, "acc=%d: decodes differ", acc);
+    }
+    free(m);
+    terse_codec_free(enc);
+    terse_codec_free(with);
+    terse_codec_free(without);
 }
 
 /* ------------------------------------------------------------ crafted */

@@ -41,7 +41,7 @@ static float absmax(const float *x, size_t n) {
 
 Test(terngrad, canonical_spec_traits_and_exact_bound) {
     terse_codec *c = make("terngrad", 1000);
-    cr_expect_str_eq(terse_codec_spec(c), "terngrad:bucket=512,ef=0,seed=0");
+    cr_expect_str_eq(terse_codec_spec(c), "terngrad:bucket=512,lsq=0,ef=0,seed=0");
     /* 2 fp32 scales, then 128 + 122 bytes of 2-bit codes */
     cr_expect_eq(terse_codec_bound(c), 32 + 8 + 128 + 122);
     terse_codec_traits t = TERSE_CODEC_TRAITS_INIT;
@@ -56,6 +56,133 @@ Test(terngrad, bad_specs_are_invalid_and_name_the_token) {
     tu_expect_bad_spec("terngrad:bucket=0", "bucket=0");
     tu_expect_bad_spec("terngrad:bucket=16777217", "bucket=16777217");
     tu_expect_bad_spec("terngrad:bits=2", "bits");
+    tu_expect_bad_spec("terngrad:lsq=2", "lsq=2");
+    tu_expect_bad_spec("terngrad:lsq=x", "lsq=x");
+    tu_expect_bad_spec("terngrad:ef=1,lsq=yes", "lsq=yes");
+}
+
+/* ------------------------------------------------------------ lsq */
+
+Test(terngrad, lsq_is_on_by_default_only_with_ef_and_is_in_the_canonical_spec) {
+    const char *cases[][2] = {
+        {"terngrad:ef=1", "terngrad:bucket=512,lsq=1,ef=1,seed=0"},
+        {"terngrad:ef=1,lsq=0", "terngrad:bucket=512,lsq=0,ef=1,seed=0"},
+        {"terngrad:lsq=1,bucket=64", "terngrad:bucket=64,lsq=1,ef=0,seed=0"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        terse_codec *c = make(cases[k][0], 100);
+        cr_expect_str_eq(terse_codec_spec(c), cases[k][1]);
+        terse_codec_free(c);
+    }
+}
+
+/* Without ef the default is lsq=0, the unbiased encoder the tests below
+ * check: the same bytes as an explicit lsq=0, step after step. */
+Test(terngrad, without_ef_the_default_messages_are_the_lsq_0_messages) {
+    enum { N = 1300 };
+    static float x[N];
+    terse_codec *a = make("terngrad:bucket=128,seed=8", N);
+    terse_codec *b = make("terngrad:bucket=128,seed=8,lsq=0", N);
+    for (uint64_t t = 0; t < 3; t++) {
+        tu_fill_gauss(x, N, 40 + t);
+        uint8_t *ma, *mb;
+        size_t la = tu_encode(a, x, &ma), lb = tu_encode(b, x, &mb);
+        cr_assert(la == lb && memcmp(ma, mb, la) == 0, "step %llu: messages differ",
+                  (unsigned long long)t);
+        free(ma);
+        free(mb);
+    }
+    terse_codec_free(a);
+    terse_codec_free(b);
+}
+
+/* With lsq=1 the signs kept are those lsq=0 draws (same seed and step:
+ * the code bytes match), each scale is the mean |x| over the elements kept
+ * (the least-squares scale at L = 1), and so every bucket contracts:
+ * ||x - D(C(x))|| <= ||x||, and no worse than with s = max|x|. The
+ * unbiased scale breaks that bound on a bucket with one spike, so the
+ * check can fail. Buckets: gaussian, a spike, all negative, zeros of both
+ * signs among values, then an all-zero and a NaN bucket. */
+Test(terngrad, least_squares_scales_make_every_bucket_a_contraction) {
+    enum { N = 1000, B = 96, NB = 11, T = 8 };
+    static float x[N], y0[N], y1[N];
+    terse_codec *c0 = make("terngrad:bucket=96,seed=5,lsq=0", N);
+    terse_codec *c1 = make("terngrad:bucket=96,seed=5,lsq=1", N);
+    double worst0 = 0, worst1 = 0;
+    for (uint64_t t = 0; t < T; t++) {
+        tu_fill_gauss(x, N, 60 + t);
+        for (size_t i = 0; i < N; i++) {
+            size_t b = i / B, j = i % B;
+            if (b == 7 || (b % 4 == 3 && j % 3)) x[i] = (j & 1) ? -0.0f : 0.0f;
+            if (b == 8 && j == 5) x[i] = NAN;
+            if (b % 4 == 1 && j == 3) x[i] *= 50.0f;
+            if (b % 4 == 2) x[i] = -fabsf(x[i]);
+        }
+        uint8_t *m0, *m1;
+        size_t len = tu_encode(c0, x, &m0), codes = 32 + 4 * NB;
+        cr_assert_eq(tu_encode(c1, x, &m1), len, "lsq changes the message size");
+        cr_assert_eq(memcmp(m0 + codes, m1 + codes, len - codes), 0, "lsq changed the signs");
+        cr_assert_eq(terse_decode(c0, m0, len, y0, 1.0f, 0), TERSE_OK);
+        cr_assert_eq(terse_decode(c1, m1, len, y1, 1.0f, 0), TERSE_OK);
+        for (size_t b = 0; b < NB; b++) {
+            size_t lo = b * B, hi = lo + B < N ? lo + B : N;
+            float sc0 = wire_scale(m0, b), sc1 = wire_scale(m1, b);
+            if (sc0 == 0 || isnan(sc0)) { /* special buckets are left alone */
+                cr_assert_eq(f2u(sc1), f2u(sc0), "bucket %zu", b);
+                continue;
+            }
+            double kept = 0, count = 0, e0 = 0, e1 = 0, x2 = 0;
+            for (size_t i = lo; i < hi; i++) {
+                if (y0[i] != 0) {
+                    kept += fabs((double)x[i]);
+                    count++;
+                }
+                e0 += ((double)x[i] - y0[i]) * ((double)x[i] - y0[i]);
+                e1 += ((double)x[i] - y1[i]) * ((double)x[i] - y1[i]);
+                x2 += (double)x[i] * x[i];
+            }
+            /* to one fp32 ulp: the codec sums in another order */
+            double want = count > 0 ? kept / count : sc0;
+            cr_assert(fabs(sc1 - want) <= 0x1p-23 * want, "bucket %zu: scale %a, want %a", b,
+                      (double)sc1, want);
+            cr_assert(e1 <= x2 * (1 + 1e-6), "bucket %zu: ||x-D||^2 %g > ||x||^2 %g", b, e1, x2);
+            cr_assert(e1 <= e0 * (1 + 1e-6), "bucket %zu: lsq error %g above the unbiased %g", b,
+                      e1, e0);
+            worst0 = fmax(worst0, e0 / x2);
+            worst1 = fmax(worst1, e1 / x2);
+        }
+        free(m0);
+        free(m1);
+    }
+    cr_log_info("worst ||x-D||^2/||x||^2: unbiased %.3g, lsq %.3g", worst0, worst1);
+    cr_expect(worst0 > 2, "the unbiased scale contracted (worst ratio %g)", worst0);
+    terse_codec_free(c0);
+    terse_codec_free(c1);
+}
+
+/* The format does not change: a codec created without lsq decodes an lsq
+ * message to the same bits, plain and accumulated (ef=1 turns lsq on). */
+Test(terngrad, an_lsq_message_decodes_the_same_in_a_codec_without_lsq) {
+    enum { N = 1111 };
+    static float x[N], ya[N], yb[N];
+    tu_fill_gauss(x, N, 71);
+    terse_codec *enc = make("terngrad:bucket=64,ef=1", N);
+    terse_codec *with = make("terngrad:bucket=64,lsq=1", N);
+    terse_codec *without = make("terngrad:bucket=64", N);
+    cr_assert_eq(terse_codec_bound(enc), terse_codec_bound(without));
+    uint8_t *m;
+    size_t len = tu_encode(enc, x, &m);
+    for (int acc = 0; acc < 2; acc++) {
+        for (size_t i = 0; i < N; i++) ya[i] = yb[i] = (float)i;
+        cr_assert_eq(terse_decode(with, m, len, ya, -1.0f, acc), TERSE_OK);
+        cr_assert_eq(terse_decode(without, m, len, yb, -1.0f, acc), TERSE_OK, "%s",
+                     terse_last_error());
+        cr_expect_eq(memcmp(ya, yb, sizeof ya), 0, "acc=%d: decodes differ", acc);
+    }
+    free(m);
+    terse_codec_free(enc);
+    terse_codec_free(with);
+    terse_codec_free(without);
 }
 
 /* Sum over coordinates of sign(x)*(mean - x), over its standard error. */
