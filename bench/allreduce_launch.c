@@ -94,61 +94,18 @@ static int run_mpi(const ar_options *o, ar_row *rows, int cap, int *failed) {
  * none could be had; *failed is set if terse-run exited nonzero. */
 static int run_ranks(int argc, char **argv, const ar_options *o, ar_row *rows, int cap,
                      int *failed) {
-    static const char *const near_self[] = {"../tools/terse-run", "terse-run", NULL};
-    char launcher[PATH_MAX], self[PATH_MAX], dir[PATH_MAX], results[PATH_MAX], np[16];
+    char results[PATH_MAX];
     *failed = 1;
-    if (bench_find_program("TERSE_RUN", near_self, "terse-run", launcher, sizeof launcher) != 0) {
-        fprintf(stderr, "terse-bench allreduce: terse-run not found (looked at TERSE_RUN, beside "
-                        "terse-bench, ../tools/ of its build directory, and PATH)\n");
-        return -1;
-    }
-    if (bench_self_dir(dir, sizeof dir) != 0 ||
-        (size_t)snprintf(self, sizeof self, "%s/terse-bench", dir) >= sizeof self ||
-        access(self, X_OK) != 0) {
-        ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (len <= 0) {
-            fprintf(stderr, "terse-bench allreduce: cannot find my own executable\n");
-            return -1;
-        }
-        self[len] = '\0';
-    }
     if (bench_temp_file("ranks", results, sizeof results) != 0) {
         fprintf(stderr, "terse-bench allreduce: cannot create a temporary file: %s\n",
                 strerror(errno));
         return -1;
     }
-    snprintf(np, sizeof np, "%d", o->nranks);
-    /* terse-run -n N [--provider P] SELF allreduce ARGS... --worker --results F */
-    size_t cap_argv = (size_t)argc + 16;
-    const char **child = calloc(cap_argv, sizeof *child);
-    if (!child) {
-        unlink(results);
-        fprintf(stderr, "terse-bench allreduce: out of memory\n");
-        return -1;
-    }
-    size_t k = 0;
-    child[k++] = launcher;
-    child[k++] = "-n";
-    child[k++] = np;
-    if (o->provider) {
-        child[k++] = "--provider";
-        child[k++] = o->provider;
-    }
-    child[k++] = self;
-    for (int i = 0; i < argc; i++) child[k++] = argv[i];
-    child[k++] = "--worker";
-    child[k++] = "--results";
-    child[k++] = results;
-    child[k] = NULL;
-    if (!o->quiet) {
-        fprintf(stderr, "terse-bench allreduce: terse:");
-        for (size_t i = 0; i < k; i++) fprintf(stderr, " %s", child[i]);
-        fprintf(stderr, "\n");
-    }
-    int rc = bench_run_child((char *const *)child);
-    free(child);
+    int rc = bench_run_workers("terse-bench allreduce", o->nranks, o->provider, argc, argv,
+                               results, o->quiet);
     int n = ar_record_read_all(results, rows, cap);
     unlink(results);
+    if (rc < 0) return -1;
     if (rc != 0)
         fprintf(stderr, "terse-bench allreduce: the ranks failed (terse-run exit status %d)\n", rc);
     else
@@ -170,16 +127,8 @@ int ar_launch(int argc, char **argv, const ar_options *o) {
         if (n_mpi < 0) n_mpi = 0;
         if (bench_interrupted()) return 128 + bench_interrupted();
     }
-    /* powersgd's products run in OpenBLAS, which by default starts a thread
-     * per core in every rank: N ranks on one host would oversubscribe the
-     * cores N times over. Share them out unless the user chose. */
-    if (!getenv("OPENBLAS_NUM_THREADS")) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        long per_rank = cores > o->nranks ? cores / o->nranks : 1;
-        char v[24];
-        snprintf(v, sizeof v, "%ld", per_rank);
-        setenv("OPENBLAS_NUM_THREADS", v, 1);
-    }
+    /* powersgd's products run in OpenBLAS: share the cores out. */
+    bench_share_cores(o->nranks);
     int n = run_ranks(argc, argv, o, rows, MAX_ROWS, &failed);
     if (bench_interrupted()) return 128 + bench_interrupted();
     if (n <= 0) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "allreduce.h"
+#include "bench.h"
 
 /* ---------------------------------------------------------------- numbers */
 
@@ -37,19 +38,11 @@ double ar_algbw(const ar_row *r) {
 
 /* ---------------------------------------------------------------- records */
 
-/* Copy with tabs and line breaks made spaces, so a field stays one field. */
-static void field_copy(char *dst, size_t cap, const char *src) {
-    size_t i = 0;
-    for (; src[i] && i + 1 < cap; i++)
-        dst[i] = (src[i] == '\t' || src[i] == '\n' || src[i] == '\r') ? ' ' : src[i];
-    dst[i] = '\0';
-}
-
 void ar_record_write(FILE *f, const ar_row *r) {
     char spec[sizeof r->spec], provider[sizeof r->provider], error[sizeof r->error];
-    field_copy(spec, sizeof spec, r->spec);
-    field_copy(provider, sizeof provider, r->provider);
-    field_copy(error, sizeof error, r->error);
+    bench_field_copy(spec, sizeof spec, r->spec);
+    bench_field_copy(provider, sizeof provider, r->provider);
+    bench_field_copy(error, sizeof error, r->error);
     /* %.17g: every double reads back bit for bit. */
     fprintf(f,
             "%s\t%s\t%s\t%d\t%zu\t%zu\t%zu\t%d\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%d\t%s\n",
@@ -58,32 +51,16 @@ void ar_record_write(FILE *f, const ar_row *r) {
             r->ok, error);
 }
 
-/* Split line at tabs into at most cap fields; returns how many. */
-static int split_tabs(char *line, char **fields, int cap) {
-    int n = 0;
-    char *p = line;
-    while (n < cap) {
-        fields[n++] = p;
-        char *tab = strchr(p, '\t');
-        if (!tab) break;
-        *tab = '\0';
-        p = tab + 1;
-    }
-    return n;
-}
-
 static int parse_record(char *line, ar_row *r) {
-    char *nl = strchr(line, '\n');
-    if (nl) *nl = '\0';
     char *f[16];
-    if (split_tabs(line, f, 16) != 16) return -1;
+    if (bench_split_tabs(line, f, 16) != 16) return -1;
     memset(r, 0, sizeof *r);
     if (strcmp(f[0], "mpi") == 0)
         r->is_mpi = 1;
     else if (strcmp(f[0], "terse") != 0)
         return -1;
-    field_copy(r->spec, sizeof r->spec, f[1]);
-    field_copy(r->provider, sizeof r->provider, f[2]);
+    bench_field_copy(r->spec, sizeof r->spec, f[1]);
+    bench_field_copy(r->provider, sizeof r->provider, f[2]);
     char *end;
     r->nranks = (int)strtol(f[3], &end, 10);
     r->rows = (size_t)strtoull(f[4], &end, 10);
@@ -97,7 +74,7 @@ static int parse_record(char *line, ar_row *r) {
     r->codec_s = strtod(f[12], &end);
     r->net_s = strtod(f[13], &end);
     r->ok = f[14][0] == '1';
-    field_copy(r->error, sizeof r->error, f[15]);
+    bench_field_copy(r->error, sizeof r->error, f[15]);
     if (r->nranks < 1 || r->bytes == 0 || (r->ok && !(r->time_s > 0 && r->mean_s > 0)))
         return -1;
     return 0;

@@ -13,6 +13,7 @@ enum { BENCH_EXIT_OK = 0, BENCH_EXIT_RUNTIME = 1, BENCH_EXIT_USAGE = 2 };
 /* Subcommands: argv[0] is the subcommand name. Each returns an exit code. */
 int bench_codecs_main(int argc, char **argv);
 int bench_allreduce_main(int argc, char **argv);
+int bench_train_main(int argc, char **argv);
 
 /* ---- command line (main.c) */
 
@@ -61,6 +62,16 @@ void *bench_alloc(size_t bytes);
  * variance 1, tails cut at +-3.46) that depends only on seed and i. */
 void bench_gradient_fill(float *x, size_t n, uint64_t seed);
 
+/* ---- records (record.c) */
+
+/* Copy src into dst (cap bytes, always terminated) with tabs and line
+ * breaks made spaces, so a text stays one field of a record. */
+void bench_field_copy(char *dst, size_t cap, const char *src);
+
+/* Cut line (its newline dropped) at tabs into at most cap fields, in place;
+ * returns how many. */
+int bench_split_tabs(char *line, char **fields, int cap);
+
 /* ---- child programs (spawn.c) */
 
 /* The directory holding this executable (from /proc/self/exe). 0 or -1. */
@@ -84,5 +95,18 @@ int bench_interrupted(void);
 /* Create an empty private file $TMPDIR/terse-bench-TAG-XXXXXX (mkstemp);
  * its path in out. 0 or -1 (errno). The caller unlinks it. */
 int bench_temp_file(const char *tag, char *out, size_t cap);
+
+/* OpenBLAS starts a thread per core in every process by default: N workers
+ * on one host would oversubscribe the cores N times over. Unless the user
+ * set OPENBLAS_NUM_THREADS, share the cores out (at least one each); the
+ * children inherit it. */
+void bench_share_cores(int nworkers);
+
+/* Run this program again as nworkers processes under terse-run:
+ *     terse-run -n N [--provider P] terse-bench ARGV... --worker --results F
+ * (argv[0] is the subcommand). `who` prefixes messages. Returns terse-run's
+ * exit status (as bench_run_child), or -1 if it could not be started. */
+int bench_run_workers(const char *who, int nworkers, const char *provider, int argc,
+                      char **argv, const char *results, int quiet);
 
 #endif

@@ -20,7 +20,8 @@ static const subcommand subcommands[] = {
      "every codec's compression ratio, error, and encode/decode speed vs memcpy"},
     {"allreduce", bench_allreduce_main,
      "AllReduce time, algbw and busbw, dense or compressed, optionally vs Open MPI"},
-    {"train", NULL, "accuracy against bytes on the wire (not implemented yet)"},
+    {"train", bench_train_main,
+     "Fashion-MNIST training over real workers: accuracy against bytes (--sweep)"},
 };
 #define N_SUBCOMMANDS (sizeof subcommands / sizeof subcommands[0])
 

@@ -133,3 +133,64 @@ int bench_temp_file(const char *tag, char *out, size_t cap) {
     close(fd);
     return 0;
 }
+
+void bench_share_cores(int nworkers) {
+    if (getenv("OPENBLAS_NUM_THREADS")) return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long per = nworkers > 0 && cores > nworkers ? cores / nworkers : 1;
+    char v[24];
+    snprintf(v, sizeof v, "%ld", per);
+    setenv("OPENBLAS_NUM_THREADS", v, 1);
+}
+
+int bench_run_workers(const char *who, int nworkers, const char *provider, int argc,
+                      char **argv, const char *results, int quiet) {
+    static const char *const near_self[] = {"../tools/terse-run", "terse-run", NULL};
+    char launcher[PATH_MAX], self[PATH_MAX], dir[PATH_MAX], np[16];
+    if (bench_find_program("TERSE_RUN", near_self, "terse-run", launcher, sizeof launcher) != 0) {
+        fprintf(stderr, "%s: terse-run not found (looked at TERSE_RUN, beside terse-bench, "
+                        "../tools/ of its build directory, and PATH)\n", who);
+        return -1;
+    }
+    /* Prefer the terse-bench beside us by name, so that a build tree runs
+     * its own binary; /proc/self/exe otherwise. */
+    if (bench_self_dir(dir, sizeof dir) != 0 ||
+        (size_t)snprintf(self, sizeof self, "%s/terse-bench", dir) >= sizeof self ||
+        access(self, X_OK) != 0) {
+        ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (len <= 0) {
+            fprintf(stderr, "%s: cannot find my own executable\n", who);
+            return -1;
+        }
+        self[len] = '\0';
+    }
+    snprintf(np, sizeof np, "%d", nworkers);
+    /* terse-run -n N [--provider P] SELF ARGS... --worker --results F */
+    const char **child = calloc((size_t)argc + 16, sizeof *child);
+    if (!child) {
+        fprintf(stderr, "%s: out of memory\n", who);
+        return -1;
+    }
+    size_t k = 0;
+    child[k++] = launcher;
+    child[k++] = "-n";
+    child[k++] = np;
+    if (provider) {
+        child[k++] = "--provider";
+        child[k++] = provider;
+    }
+    child[k++] = self;
+    for (int i = 0; i < argc; i++) child[k++] = argv[i];
+    child[k++] = "--worker";
+    child[k++] = "--results";
+    child[k++] = results;
+    child[k] = NULL;
+    if (!quiet) {
+        fprintf(stderr, "%s: running:", who);
+        for (size_t i = 0; i < k; i++) fprintf(stderr, " %s", child[i]);
+        fprintf(stderr, "\n");
+    }
+    int rc = bench_run_child((char *const *)child);
+    free(child);
+    return rc;
+}

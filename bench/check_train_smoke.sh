@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# ctest bench_train_smoke: `terse-bench train` end to end on the real
+# Fashion-MNIST with 2 real worker processes over libfabric.
+#   - dense, and two compressed codecs (one over tcp), 300 steps on a
+#     subset: accuracy must beat chance (10%) by a wide margin (> 65%), and
+#     the byte counts must be what dense and compressed exchanges send;
+#   - the same command twice prints the same accuracies and byte counts;
+#   - Local SGD and --dp train too; a tiny sweep prints every row and a PNG;
+#   - bad options, a bad codec spec and a missing dataset fail with exit 2 or
+#     1 and a sentence saying what is wrong.
+#   check_train_smoke.sh path/to/terse-bench
+set -u
+bench=${1:?usage: check_train_smoke.sh TERSE_BENCH}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+# 19200 examples over 2 workers at batch 64: 150 steps per epoch, 300 in all.
+subset=(--train-limit 19200 --test-limit 2000 --epochs 2 -q)
+
+bad() { echo "FAIL: $*"; fail=1; }
+
+# run NAME ARGS...: CSV into $tmp/NAME.csv; exit status must be 0.
+run() {
+    local name=$1
+    shift
+    if ! "$bench" train "${subset[@]}" --csv "$@" >"$tmp/$name.csv" 2>"$tmp/$name.err"; then
+        bad "terse-bench train $* exited non-zero"
+        cat "$tmp/$name.err" "$tmp/$name.csv"
+        return 1
+    fi
+}
+
+# CSV fields: 1 run, 2 group, 3 seed, 4 ef, 5 epoch, 6 step, 7 steps_total,
+# 8 final, 9 test_acc, 10 test_loss, 11 train_loss, 12 bytes_sent,
+# 13 dense_bytes, 14 ratio, 15-18 times, 19 label, 20 codec (quoted, last).
+final_field() { # file field
+    awk -F, -v f="$2" 'NR > 1 && $8 == 1 { v = $f } END { print v }' "$1"
+}
+
+# expect_acc NAME MIN: final accuracy above MIN.
+expect_acc() {
+    local acc
+    acc=$(final_field "$tmp/$1.csv" 9)
+    if ! awk -v a="$acc" -v m="$2" 'BEGIN { exit !(a + 0 > m) }'; then
+        bad "$1: final test accuracy '$acc' is not above $2%"
+        cat "$tmp/$1.csv"
+    fi
+}
+
+# expect_ratio NAME LO HI: dense fp32 bytes / bytes sent within [LO, HI].
+expect_ratio() {
+    local r
+    r=$(final_field "$tmp/$1.csv" 14)
+    if ! awk -v r="$r" -v lo="$2" -v hi="$3" 'BEGIN { exit !(r + 0 >= lo && r + 0 <= hi) }'; then
+        bad "$1: compression ratio '$r' is outside [$2, $3]"
+        cat "$tmp/$1.csv"
+    fi
+}
+
+# 1. Dense: every worker sends its share of a ring allreduce of the fp32
+#    gradient, which for 2 workers is the gradient's size plus framing.
+if run dense; then
+    expect_acc dense 65
+    expect_ratio dense 0.95 1.0
+    steps=$(final_field "$tmp/dense.csv" 6)
+    [[ $steps == 300 ]] || bad "dense: ran $steps steps, expected 300"
+fi
+
+# 2. Compressed: top-k 1% with error feedback over shm, PowerSGD rank 2 over tcp.
+if run topk --codec topk:ratio=0.01,ef=1; then
+    expect_acc topk 65
+    expect_ratio topk 30 100
+fi
+if run psgd --codec powersgd:rank=2,ef=1 --provider tcp; then
+    expect_acc psgd 65
+    expect_ratio psgd 20 200
+fi
+
+# 3. Determinism: accuracy, losses and byte counts (fields 1-14) repeat
+#    exactly; only the times (15-18) may differ.
+if run dense2 && run topk2 --codec topk:ratio=0.01,ef=1; then
+    for name in dense topk; do
+        if ! cmp -s <(cut -d, -f1-14 "$tmp/$name.csv") <(cut -d, -f1-14 "$tmp/${name}2.csv"); then
+            bad "$name: a rerun printed different accuracies or byte counts"
+            diff <(cut -d, -f1-14 "$tmp/$name.csv") <(cut -d, -f1-14 "$tmp/${name}2.csv")
+        fi
+    done
+fi
+
+# 4. Local SGD (4 local steps, then the change is averaged) and --dp.
+if run local --mode localsgd:4 --codec int8; then
+    expect_acc local 65
+    # 300 steps in averages of 4: 75 exchanges of int8 (about 4x fewer bytes).
+    expect_ratio local 3.5 4.1
+fi
+if run dp --dp clip=5,noise=0.001; then
+    expect_acc dp 65
+fi
+
+# 5. A tiny sweep: every configuration gets a row, and the plot is drawn.
+if "$bench" train --sweep --seeds 1 --train-limit 2560 --test-limit 500 --epochs 1 -q \
+        --plot "$tmp/sweep.png" >"$tmp/sweep.txt" 2>"$tmp/sweep.err"; then
+    rows=$(grep -cE '^[a-z].* (no|yes) ' "$tmp/sweep.txt")
+    [[ $rows == 24 ]] || { bad "sweep: expected 24 rows, got $rows"; cat "$tmp/sweep.txt"; }
+    if [[ ! -s $tmp/sweep.png ]] || [[ $(head -c 4 "$tmp/sweep.png" | od -An -tx1 | tr -d ' ') != 89504e47 ]]; then
+        bad "sweep: no PNG written"
+        cat "$tmp/sweep.err"
+    fi
+else
+    bad "the tiny sweep exited non-zero"
+    cat "$tmp/sweep.err" "$tmp/sweep.txt"
+fi
+
+# 6. Errors: status and a sentence that names the problem.
+expect_fail() { # status pattern args...
+    local want=$1 pattern=$2
+    shift 2
+    "$bench" train "$@" >"$tmp/out" 2>"$tmp/err"
+    local got=$?
+    if [[ $got != "$want" ]]; then
+        bad "terse-bench train $*: exit status $got, expected $want"
+        cat "$tmp/err"
+    elif ! grep -q -- "$pattern" "$tmp/err"; then
+        bad "terse-bench train $*: message does not mention '$pattern'"
+        cat "$tmp/err"
+    fi
+}
+expect_fail 2 "bogus" --codec bogus:ratio=1
+expect_fail 2 "frobnicate" --codec topk:frobnicate=1
+expect_fail 2 "--codec-for" --codec-for w9=int8
+expect_fail 2 "expected softmax or mlp" --model cnn
+expect_fail 2 "localsgd" --mode localsgd:0
+expect_fail 2 "clip=C,noise=S" --dp clip=1
+expect_fail 2 "unknown option" --frobnicate
+expect_fail 1 "dataset-fashion-mnist" --data "$tmp/nowhere" "${subset[@]}"
+"$bench" train --help >"$tmp/help" || bad "--help exited non-zero"
+grep -q -- "--sweep" "$tmp/help" || bad "--help does not document --sweep"
+
+[[ $fail == 0 ]] && echo "bench_train_smoke: all checks passed"
+exit $fail

@@ -1,0 +1,507 @@
+/* terse-bench train: options, --help, the sweep's list of runs, and the
+ * launcher role (train.h): start the workers under terse-run, read back
+ * what rank 0 recorded, print the table and draw the plot. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <terse.h>
+
+#include "bench.h"
+#include "train.h"
+
+#define WHO "terse-bench train"
+#define MAX_RECORDS 8192
+/* The sweep's defaults: seeds per configuration (one seed's final accuracy
+ * moves by about a point at this learning rate), and the codec of the
+ * small-tensor bucket in compressed runs. */
+#define TRAIN_SWEEP_SEEDS 3
+#define TRAIN_SWEEP_SMALL_CODEC "int8"
+
+static void usage(FILE *f) {
+    fprintf(f,
+"usage: terse-bench train [OPTIONS]\n"
+"       terse-bench train --sweep [OPTIONS]\n"
+"\n"
+"Data-parallel training on Fashion-MNIST with N real worker processes (started\n"
+"through terse-run), each on its own shard, exchanging gradients with\n"
+"terse_allreduce over libfabric. Prints, per epoch, test accuracy, training\n"
+"loss, the gradient bytes each worker sent and the time split. --sweep trains\n"
+"the MLP once per codec, with and without error feedback, and prints one table\n"
+"and an accuracy-against-bytes plot.\n"
+"\n"
+"model and training:\n"
+"  --model softmax|mlp   784->10 softmax regression, or 784->256->10 ReLU MLP (mlp)\n"
+"  -n, --workers N       worker processes (2)\n"
+"  --epochs E            passes over each worker's shard (2)\n"
+"  --batch B             examples per worker per step (64)\n"
+"  --lr X                learning rate (0.1)\n"
+"  --momentum X          SGD momentum, PyTorch's form v = m v + g (0.9)\n"
+"  --seed N              initialisation, sharding and shuffling (1)\n"
+"  --mode allreduce      synchronous SGD: average gradients every step (default)\n"
+"  --mode localsgd:H     Local SGD: H local steps, then average the models\n"
+"                        (what travels is the model change since the last\n"
+"                        average, compressed with the codec)\n"
+"  --dp clip=C,noise=S   clip each worker's update to L2 norm C, then add\n"
+"                        Gaussian noise of standard deviation S*C to every\n"
+"                        coordinate, before compression (see DP below)\n"
+"\n"
+"compression and transport:\n"
+"  --codec SPEC          codec for every weight matrix, or 'dense' (default);\n"
+"                        e.g. topk:ratio=0.01,ef=1 or powersgd:rank=4,ef=1\n"
+"  --codec-for T=SPEC    codec for tensor T only (mlp: w1 b1 w2 b2; softmax:\n"
+"                        w b); repeatable; wins over --codec and --small-dense\n"
+"  --small-dense N       tensors of fewer than N elements stay dense, as\n"
+"                        PyTorch's PowerSGD hook keeps biases dense (1000;\n"
+"                        0 compresses every tensor)\n"
+"  --provider P          shm (default), tcp, auto, verbs, efa\n"
+"\n"
+"data and evaluation:\n"
+"  --data DIR            Fashion-MNIST IDX files (" TRAIN_DEFAULT_DATA ")\n"
+"  --train-limit N       use only the first N training examples\n"
+"  --test-limit N        evaluate on only the first N test examples\n"
+"  --eval-every K        also evaluate every K steps (for --target-acc)\n"
+"  --target-acc P        report the training time until test accuracy >= P%%\n"
+"\n"
+"the sweep:\n"
+"  --sweep               the MLP with every codec, with and without error\n"
+"                        feedback: 24 configurations x 3 seeds, about 2 minutes\n"
+"  --sweep-full          also fp16, bf16 and int8 with error feedback (27)\n"
+"  --plot FILE           where the sweep draws accuracy against bytes as a PNG\n"
+"                        (terse-sweep.png); needs gnuplot\n"
+"\n"
+"output:\n"
+"  --csv                 one CSV line per evaluation\n"
+"  --json                one JSON document\n"
+"  -q, --quiet           no progress on stderr\n"
+"  -h, --help            this text\n"
+"\n"
+"Columns: acc is test accuracy (%%) on the 10,000 test images; loss is the mean\n"
+"training loss since the previous line; sent is the gradient bytes each worker\n"
+"handed to the network (terse_comm_stats' wire bytes: payload and terse's\n"
+"framing, the maximum over workers); ratio is 4 bytes x parameters x exchanges\n"
+"(what dense fp32 carries) over sent; compute, codec and network are seconds of\n"
+"forward/backward/update, of encode/decode/reduction, and of waiting on the\n"
+"network (maximum over workers); time is the training wall time, evaluation\n"
+"excluded.\n"
+"\n"
+"Determinism: workers run OpenBLAS single-threaded and every random draw is\n"
+"keyed by --seed, so one command prints the same accuracies and byte counts\n"
+"on every run on the same machine.\n"
+"\n"
+"DP: --dp applies the Gaussian mechanism to each worker's whole update per\n"
+"step (sensitivity C after clipping, noise S*C). That protects a worker's\n"
+"batch as a unit in one step against an observer of the messages; it is not\n"
+"per-example DP-SGD (no per-example clipping), it does no privacy accounting\n"
+"over steps (epsilon is not computed), and the noise comes from the\n"
+"reproducible --seed stream, so anyone who knows the seed can remove it: a\n"
+"deployment needs a secret seed. Compression after the noise is\n"
+"post-processing and weakens nothing.\n"
+"\n"
+"Workers are this program started again through terse-run (found as\n"
+"TERSE_RUN, beside terse-bench, or on PATH). Exit status: 0 ok, 1 a run\n"
+"failed, 2 usage error.\n");
+}
+
+/* ---------------------------------------------------------------- parsing */
+
+static int parse_u64(const char *s, uint64_t *v) {
+    if (!s || s[0] < '0' || s[0] > '9') return -1;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (errno || *end) return -1;
+    *v = x;
+    return 0;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *v) {
+    uint64_t x;
+    if (parse_u64(s, &x) != 0 || x < (uint64_t)lo || x > (uint64_t)hi) return -1;
+    *v = (long)x;
+    return 0;
+}
+
+static int parse_double(const char *s, double lo, double hi, double *v) {
+    if (!s || !s[0]) return -1;
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (errno || *end || !isfinite(x) || x < lo || x > hi) return -1;
+    *v = x;
+    return 0;
+}
+
+/* "clip=C,noise=S" (either order, both required). */
+static int parse_dp(const char *text, train_options *o) {
+    char buf[128];
+    if (strlen(text) >= sizeof buf) return -1;
+    strcpy(buf, text);
+    int have_clip = 0, have_noise = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (strncmp(tok, "clip=", 5) == 0 && !have_clip) {
+            if (parse_double(tok + 5, 1e-12, 1e12, &o->dp_clip) != 0) return -1;
+            have_clip = 1;
+        } else if (strncmp(tok, "noise=", 6) == 0 && !have_noise) {
+            if (parse_double(tok + 6, 0.0, 1e6, &o->dp_noise) != 0) return -1;
+            have_noise = 1;
+        } else {
+            return -1;
+        }
+    }
+    if (!have_clip || !have_noise) return -1;
+    o->dp = 1;
+    return 0;
+}
+
+static int parse_mode(const char *text, train_options *o) {
+    if (strcmp(text, "allreduce") == 0) {
+        o->mode = TRAIN_MODE_ALLREDUCE;
+        return 0;
+    }
+    long h;
+    if (strncmp(text, "localsgd:", 9) == 0 && parse_int(text + 9, 1, 1000000, &h) == 0) {
+        o->mode = TRAIN_MODE_LOCALSGD;
+        o->local_steps = (int)h;
+        return 0;
+    }
+    return -1;
+}
+
+/* The spec with ef=1 appended (after ':' or ','). */
+static void with_ef(char *out, size_t cap, const char *spec) {
+    snprintf(out, cap, "%s%sef=1", spec, strchr(spec, ':') ? "," : ":");
+}
+
+static void add_run(train_options *o, const char *label, const char *spec, int ef) {
+    if (o->n_runs >= TRAIN_MAX_RUNS) return;
+    train_run *r = &o->runs[o->n_runs++];
+    if (ef)
+        with_ef(r->codec, sizeof r->codec, spec);
+    else
+        snprintf(r->codec, sizeof r->codec, "%s", spec);
+    snprintf(r->label, sizeof r->label, "%s", label);
+    r->ef = ef;
+}
+
+/* Every configuration once per seed (seed, seed+1, ...), grouped; the small
+ * bucket's codec is dense in a dense run, --small-codec otherwise. */
+static void expand_seeds(train_options *o) {
+    size_t n = o->n_runs;
+    static train_run base[TRAIN_MAX_RUNS];
+    memcpy(base, o->runs, n * sizeof *base);
+    o->n_runs = 0;
+    for (size_t g = 0; g < n; g++)
+        for (int k = 0; k < o->seeds && o->n_runs < TRAIN_MAX_RUNS; k++) {
+            train_run *r = &o->runs[o->n_runs++];
+            *r = base[g];
+            r->seed = o->seed + (uint64_t)k;
+            r->group = (int)g;
+            snprintf(r->small_codec, sizeof r->small_codec, "%s",
+                     strcmp(r->codec, TRAIN_DENSE) == 0 ? TRAIN_DENSE : o->small_codec);
+        }
+}
+
+/* The sweep (train.h): every codec the issue lists; error feedback for every
+ * lossy codec except, by default, the three near-lossless ones, where it
+ * changes nothing measurable (--sweep-full adds them). */
+static void sweep_runs(train_options *o) {
+    static const struct {
+        const char *label, *spec;
+        int ef_by_default; /* 0: only with --sweep-full */
+    } codecs[] = {
+        {"fp16", "fp16", 0},
+        {"bf16", "bf16", 0},
+        {"int8", "int8", 0},
+        {"qsgd 4-bit", "qsgd:bits=4", 1},
+        {"terngrad", "terngrad", 1},
+        {"sign", "sign:bucket=256", 1},
+        {"topk 1%", "topk:ratio=0.01", 1},
+        {"topk 0.1%", "topk:ratio=0.001", 1},
+        {"randk 1%", "randk:ratio=0.01", 1},
+        {"powersgd r1", "powersgd:rank=1", 1},
+        {"powersgd r2", "powersgd:rank=2", 1},
+        {"powersgd r4", "powersgd:rank=4", 1},
+        {"vq", "vq:bucket=256", 1},
+    };
+    o->n_runs = 0;
+    add_run(o, "dense", TRAIN_DENSE, 0);
+    for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) {
+        add_run(o, codecs[i].label, codecs[i].spec, 0);
+        if (codecs[i].ef_by_default || o->sweep_full)
+            add_run(o, codecs[i].label, codecs[i].spec, 1);
+    }
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, WHO ": ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (try terse-bench train --help)\n");
+    return BENCH_EXIT_USAGE;
+}
+
+/* A codec spec must build a codec for the largest weight matrix; a tensor
+ * name must be one of the model's. Checked here, before any process starts,
+ * so a typo costs no launch. */
+static int check_spec(const char *spec, const char *where) {
+    if (strcmp(spec, TRAIN_DENSE) == 0) return 0;
+    terse_codec *c = NULL;
+    terse_status s = terse_codec_create(spec, MODEL_HIDDEN, MODEL_INPUTS, &c);
+    if (s != TERSE_OK) {
+        fprintf(stderr, WHO ": %s '%s': %s (%s)\n", where, spec, terse_last_error(),
+                terse_status_name(s));
+        return -1;
+    }
+    terse_codec_free(c);
+    return 0;
+}
+
+static int check_override(const train_options *o, const char *ov) {
+    const char *eq = strchr(ov, '=');
+    if (!eq || eq == ov) return -1;
+    size_t len = (size_t)(eq - ov);
+    static const char *const mlp[] = {"w1", "b1", "w2", "b2", NULL};
+    static const char *const softmax[] = {"w", "b", NULL};
+    const char *const *names = o->model == MODEL_MLP ? mlp : softmax;
+    for (size_t i = 0; names[i]; i++)
+        if (strlen(names[i]) == len && strncmp(names[i], ov, len) == 0)
+            return check_spec(eq + 1, "--codec-for") == 0 ? 0 : -2;
+    return -1;
+}
+
+#define NEED_ARG()                                                                 \
+    do {                                                                           \
+        if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);     \
+        v = argv[++i];                                                             \
+    } while (0)
+
+int train_parse_args(int argc, char **argv, train_options *o) {
+    memset(o, 0, sizeof *o);
+    o->model = MODEL_MLP;
+    o->workers = 2;
+    o->epochs = 2;
+    o->batch = 64;
+    o->lr = 0.1;
+    o->momentum = 0.9;
+    o->seed = 1;
+    o->data_dir = TRAIN_DEFAULT_DATA;
+    o->small = 4096;
+    o->small_codec = TRAIN_DENSE;
+    int have_seeds = 0, have_small_codec = 0;
+    const char *codec = TRAIN_DENSE;
+    int have_codec = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        long n;
+        uint64_t u;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return -1;
+        } else if (strcmp(a, "--model") == 0) {
+            NEED_ARG();
+            if (model_kind_parse(v, &o->model) != 0)
+                return usage_error("--model '%s': expected softmax or mlp", v);
+        } else if (strcmp(a, "-n") == 0 || strcmp(a, "--workers") == 0) {
+            NEED_ARG();
+            if (parse_int(v, 1, 256, &n) != 0)
+                return usage_error("--workers '%s': expected an integer in [1, 256]", v);
+            o->workers = (int)n;
+        } else if (strcmp(a, "--epochs") == 0) {
+            NEED_ARG();
+            if (parse_int(v, 1, 1000, &n) != 0)
+                return usage_error("--epochs '%s': expected an integer in [1, 1000]", v);
+            o->epochs = (int)n;
+        } else if (strcmp(a, "--batch") == 0) {
+            NEED_ARG();
+            if (parse_int(v, 1, 65536, &n) != 0)
+                return usage_error("--batch '%s': expected an integer in [1, 65536]", v);
+            o->batch = (size_t)n;
+        } else if (strcmp(a, "--lr") == 0) {
+            NEED_ARG();
+            if (parse_double(v, 0.0, 1e3, &o->lr) != 0)
+                return usage_error("--lr '%s': expected a number in [0, 1000]", v);
+        } else if (strcmp(a, "--momentum") == 0) {
+            NEED_ARG();
+            if (parse_double(v, 0.0, 0.999999, &o->momentum) != 0)
+                return usage_error("--momentum '%s': expected a number in [0, 1)", v);
+        } else if (strcmp(a, "--momentum-at") == 0) {
+            NEED_ARG();
+            if (strcmp(v, "local") == 0)
+                o->local_momentum = 1;
+            else if (strcmp(v, "global") == 0)
+                o->local_momentum = 0;
+            else
+                return usage_error("--momentum-at '%s': expected local or global", v);
+        } else if (strcmp(a, "--seed") == 0) {
+            NEED_ARG();
+            if (parse_u64(v, &o->seed) != 0)
+                return usage_error("--seed '%s': expected an unsigned 64-bit integer", v);
+        } else if (strcmp(a, "--codec") == 0) {
+            NEED_ARG();
+            codec = v;
+            have_codec = 1;
+        } else if (strcmp(a, "--codec-for") == 0) {
+            NEED_ARG();
+            if (o->n_overrides >= TRAIN_MAX_OVERRIDES)
+                return usage_error("too many --codec-for options (at most %s)", "8");
+            o->overrides[o->n_overrides++] = v;
+        } else if (strcmp(a, "--small") == 0) {
+            NEED_ARG();
+            if (parse_int(v, 0, 1L << 30, &n) != 0)
+                return usage_error("--small '%s': expected an element count", v);
+            o->small = (int)n;
+        } else if (strcmp(a, "--small-codec") == 0) {
+            NEED_ARG();
+            o->small_codec = v;
+            have_small_codec = 1;
+        } else if (strcmp(a, "--seeds") == 0) {
+            NEED_ARG();
+            if (parse_int(v, 1, 100, &n) != 0)
+                return usage_error("--seeds '%s': expected an integer in [1, 100]", v);
+            o->seeds = (int)n;
+            have_seeds = 1;
+        } else if (strcmp(a, "--provider") == 0) {
+            NEED_ARG();
+            o->provider = v;
+        } else if (strcmp(a, "--mode") == 0) {
+            NEED_ARG();
+            if (parse_mode(v, o) != 0)
+                return usage_error("--mode '%s': expected allreduce or localsgd:H (H >= 1)", v);
+        } else if (strcmp(a, "--dp") == 0) {
+            NEED_ARG();
+            if (parse_dp(v, o) != 0)
+                return usage_error("--dp '%s': expected clip=C,noise=S with C > 0, S >= 0", v);
+        } else if (strcmp(a, "--data") == 0) {
+            NEED_ARG();
+            o->data_dir = v;
+        } else if (strcmp(a, "--train-limit") == 0) {
+            NEED_ARG();
+            if (parse_u64(v, &u) != 0 || u == 0)
+                return usage_error("--train-limit '%s': expected a positive count", v);
+            o->train_limit = (size_t)u;
+        } else if (strcmp(a, "--test-limit") == 0) {
+            NEED_ARG();
+            if (parse_u64(v, &u) != 0 || u == 0)
+                return usage_error("--test-limit '%s': expected a positive count", v);
+            o->test_limit = (size_t)u;
+        } else if (strcmp(a, "--eval-every") == 0) {
+            NEED_ARG();
+            if (parse_int(v, 1, 1L << 30, &n) != 0)
+                return usage_error("--eval-every '%s': expected a positive step count", v);
+            o->eval_every = (int)n;
+        } else if (strcmp(a, "--target-acc") == 0) {
+            NEED_ARG();
+            if (parse_double(v, 1e-9, 100.0, &o->target_acc) != 0)
+                return usage_error("--target-acc '%s': expected a percentage in (0, 100]", v);
+        } else if (strcmp(a, "--sweep") == 0) {
+            o->sweep = 1;
+        } else if (strcmp(a, "--sweep-full") == 0) {
+            o->sweep = o->sweep_full = 1;
+        } else if (strcmp(a, "--plot") == 0) {
+            NEED_ARG();
+            o->plot = v;
+        } else if (strcmp(a, "--csv") == 0) {
+            o->csv = 1;
+        } else if (strcmp(a, "--json") == 0) {
+            o->json = 1;
+        } else if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0) {
+            o->quiet = 1;
+        } else if (strcmp(a, "--worker") == 0) {
+            o->worker = 1;
+        } else if (strcmp(a, "--results") == 0) {
+            NEED_ARG();
+            o->results = v;
+        } else {
+            return usage_error("unknown option '%s'", a);
+        }
+    }
+    if (o->csv && o->json) return usage_error("%s", "--csv and --json exclude each other");
+    if (o->sweep && have_codec)
+        return usage_error("%s", "--sweep chooses the codecs itself; drop --codec");
+    if (o->sweep && o->model != MODEL_MLP)
+        return usage_error("%s", "--sweep trains the MLP; drop --model");
+    if (o->plot && !o->sweep) return usage_error("%s", "--plot draws the sweep: add --sweep");
+    if (o->target_acc > 0 && o->eval_every == 0 && !o->worker && !o->quiet)
+        fprintf(stderr, WHO ": note: without --eval-every the time to --target-acc is only "
+                        "measured at epoch ends\n");
+    if (o->sweep) {
+        sweep_runs(o);
+        if (!o->plot) o->plot = "terse-sweep.png";
+        if (!have_seeds) o->seeds = TRAIN_SWEEP_SEEDS;
+        if (!have_small_codec) o->small_codec = TRAIN_SWEEP_SMALL_CODEC;
+    } else {
+        add_run(o, codec, codec, 0);
+        train_run *r = &o->runs[0];
+        r->ef = strstr(codec, "ef=1") != NULL;
+    }
+    if (!have_seeds && !o->sweep) o->seeds = 1;
+    expand_seeds(o);
+    if (!o->worker) {
+        for (size_t i = 0; i < o->n_runs; i++)
+            if (check_spec(o->runs[i].codec, "--codec") != 0) return BENCH_EXIT_USAGE;
+        if (check_spec(o->small_codec, "--small-codec") != 0) return BENCH_EXIT_USAGE;
+        for (size_t i = 0; i < o->n_overrides; i++) {
+            int rc = check_override(o, o->overrides[i]);
+            if (rc == -1)
+                return usage_error("--codec-for '%s': expected TENSOR=SPEC with a tensor of "
+                                   "the model (mlp: w1 b1 w2 b2; softmax: w b)",
+                                   o->overrides[i]);
+            if (rc != 0) return BENCH_EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- launcher */
+
+int train_launch(int argc, char **argv, const train_options *o) {
+    static train_record recs[MAX_RECORDS];
+    char results[PATH_MAX];
+    if (bench_temp_file("train", results, sizeof results) != 0) {
+        fprintf(stderr, WHO ": cannot create a temporary file: %s\n", strerror(errno));
+        return BENCH_EXIT_RUNTIME;
+    }
+    /* Workers run OpenBLAS on one thread each (train_worker.c), for
+     * determinism; nothing to share out. */
+    int rc = bench_run_workers(WHO, o->workers, o->provider ? o->provider : "shm", argc, argv,
+                               results, 1);
+    int n = train_record_read_all(results, recs, MAX_RECORDS);
+    unlink(results);
+    if (bench_interrupted()) return 128 + bench_interrupted();
+    if (n <= 0) {
+        fprintf(stderr, WHO ": no results from the workers (terse-run exit status %d)\n", rc);
+        return BENCH_EXIT_RUNTIME;
+    }
+    train_report(o, recs, n);
+    int failed = rc != 0;
+    if (rc != 0) fprintf(stderr, WHO ": the workers failed (terse-run exit status %d)\n", rc);
+    int finals = 0;
+    for (int i = 0; i < n; i++) {
+        if (recs[i].error[0]) failed = 1;
+        finals += recs[i].final;
+    }
+    if (finals < (int)o->n_runs) {
+        fprintf(stderr, WHO ": only %d of %zu runs finished\n", finals, o->n_runs);
+        failed = 1;
+    }
+    if (o->sweep && o->plot && train_plot(o, recs, n) != 0) failed = 1;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, WHO ": cannot write the results\n");
+        return BENCH_EXIT_RUNTIME;
+    }
+    return failed ? BENCH_EXIT_RUNTIME : BENCH_EXIT_OK;
+}
+
+int bench_train_main(int argc, char **argv) {
+    static train_options o;
+    int rc = train_parse_args(argc, argv, &o);
+    if (rc < 0) return fflush(stdout) == 0 ? BENCH_EXIT_OK : BENCH_EXIT_RUNTIME;
+    if (rc > 0) return rc;
+    if (o.worker || getenv("TERSE_RANK")) return train_worker_main(&o);
+    return train_launch(argc, argv, &o);
+}

@@ -1,0 +1,194 @@
+/* train.h -- what the pieces of `terse-bench train` share: the Fashion-MNIST
+ * reader (idx.c), the two models (model.c), the options, and the record
+ * format that carries results from rank 0 back to the launcher.
+ *
+ * Roles, as in `terse-bench allreduce` (allreduce.h):
+ *   launcher  TERSE_RANK is unset: runs this program again as N workers
+ *             under terse-run with --worker --results FILE, then prints the
+ *             table (or CSV/JSON) and, for --sweep, draws the plot.
+ *   worker    TERSE_RANK is set: loads the data, joins the job, trains every
+ *             configuration in turn (one, or the sweep's list), and rank 0
+ *             appends one record per evaluation to --results FILE.
+ *
+ * idx.c and model.c use no terse API: they are compiled into the small
+ * static library terse_train that the tests link too. */
+#ifndef TERSE_BENCH_TRAIN_H
+#define TERSE_BENCH_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- IDX files (idx.c) */
+
+/* An IDX file (LeCun's MNIST format, which Fashion-MNIST keeps): big-endian
+ * magic 0x0000TTDD (TT = 0x08, unsigned bytes, the only type read here;
+ * DD = number of dimensions, 1..4), DD big-endian u32 sizes, then the
+ * product of the sizes in bytes. Files may be gzip-compressed (read through
+ * zlib) or raw. */
+typedef struct {
+    unsigned ndims;
+    uint32_t dims[4];
+    size_t count;  /* product of dims */
+    uint8_t *data; /* count bytes; free with idx_free */
+} idx_array;
+
+/* Read PATH. On failure returns -1 and writes one sentence into err (cap
+ * bytes) naming the file and what is wrong: cannot open, not gzip/IDX,
+ * wrong magic, wrong type, bad dimension count, a zero dimension, size
+ * overflow, truncated (has fewer bytes than the header promises), trailing
+ * bytes after the data, or a gzip stream that is corrupt. Never reads past
+ * what it allocated; allocates only after the header is checked, and at
+ * most what the header promises (which is capped at IDX_MAX_BYTES). */
+#define IDX_MAX_BYTES ((size_t)1 << 32)
+int idx_read(const char *path, idx_array *out, char *err, size_t cap);
+void idx_free(idx_array *a);
+
+/* A labelled image set: n images of rows x cols pixels (uint8), n labels in
+ * [0, 9]. */
+typedef struct {
+    size_t n, rows, cols;
+    uint8_t *pixels; /* n * rows * cols */
+    uint8_t *labels; /* n */
+} dataset;
+
+/* Load DIR/PREFIX-images-idx3-ubyte[.gz] and DIR/PREFIX-labels-idx1-ubyte[.gz]
+ * (PREFIX is "train" or "t10k"; the .gz name is tried first). Checks that
+ * images are 3-dimensional, labels 1-dimensional, that the counts agree, and
+ * that every label is below 10. -1 with a sentence in err on failure. */
+int dataset_load(const char *dir, const char *prefix, dataset *out, char *err, size_t cap);
+void dataset_free(dataset *d);
+
+/* Where Debian's dataset-fashion-mnist puts the files. */
+#define TRAIN_DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+
+/* ---- models (model.c) */
+
+typedef enum { MODEL_SOFTMAX, MODEL_MLP } model_kind;
+
+#define MODEL_MAX_TENSORS 4
+#define MODEL_INPUTS 784
+#define MODEL_CLASSES 10
+#define MODEL_HIDDEN 256
+
+/* One parameter tensor: rows x cols floats, row major (a bias is n x 1). */
+typedef struct {
+    const char *name; /* "w1", "b1", "w2", "b2" (MLP); "w", "b" (softmax) */
+    size_t rows, cols, n;
+    float *value, *grad; /* n each, 64-byte aligned */
+} model_tensor;
+
+/*
+ * softmax: logits = x W^T + b, W 10 x 784.
+ * mlp:     h = relu(x W1^T + b1), W1 256 x 784; logits = h W2^T + b2, W2 10 x 256.
+ * Loss: mean over the batch of softmax cross-entropy. Initialised as
+ * PyTorch's nn.Linear is: weights and biases uniform in +-1/sqrt(fan_in),
+ * drawn from a generator keyed by seed (the same on every machine).
+ */
+typedef struct model model;
+
+/* NULL on allocation failure. max_batch bounds every later batch size. */
+model *model_create(model_kind kind, size_t max_batch, uint64_t seed);
+void model_free(model *m);
+size_t model_tensor_count(const model *m);
+model_tensor *model_tensor_at(model *m, size_t i);
+size_t model_param_count(const model *m);
+
+/* Forward and backward over b examples x (b x 784, row major, values in
+ * [0, 1]) with labels y: fills every tensor's grad with d(mean loss)/d(param)
+ * (overwriting), returns the mean loss. b in [1, max_batch]. The loss is
+ * accumulated in double. */
+double model_forward_backward(model *m, const float *x, const uint8_t *y, size_t b);
+
+/* Forward only: the mean loss over b examples, and how many of them the
+ * arg-max of the logits classifies correctly (ties go to the lower class).
+ * b in [1, max_batch]. */
+double model_evaluate(model *m, const float *x, const uint8_t *y, size_t b, size_t *correct);
+
+/* "softmax" or "mlp" -> kind; -1 for anything else. */
+int model_kind_parse(const char *text, model_kind *kind);
+const char *model_kind_name(model_kind kind);
+
+/* ---- training options and records (train.c, train_worker.c) */
+
+#define TRAIN_MAX_RUNS 256
+#define TRAIN_MAX_OVERRIDES 8
+#define TRAIN_DENSE "dense" /* the spec meaning "no codec" */
+
+typedef enum { TRAIN_MODE_ALLREDUCE, TRAIN_MODE_LOCALSGD } train_mode;
+
+/* One training configuration: what a row of the sweep is. */
+typedef struct {
+    char codec[128];       /* the spec for the large tensors, or "dense" */
+    char small_codec[128]; /* the spec for the bucket of small tensors */
+    char label[64];        /* what the table calls it */
+    int ef;                /* 1 if codec has ef=1 (for the table) */
+    uint64_t seed;         /* initialisation, sharding, shuffling, codec seeds */
+    int group;             /* runs that differ only in seed share a group */
+} train_run;
+
+typedef struct {
+    model_kind model;
+    int workers;
+    int epochs;
+    size_t batch;          /* per worker */
+    double lr, momentum;
+    int local_momentum;    /* --momentum-at local: momentum before the exchange */
+    uint64_t seed;
+    const char *provider;  /* NULL: shm */
+    const char *data_dir;
+    train_mode mode;
+    int local_steps;       /* H for localsgd:H */
+    int dp;                /* --dp given */
+    double dp_clip, dp_noise;
+    const char *overrides[TRAIN_MAX_OVERRIDES]; /* "NAME=SPEC" for --codec-for */
+    size_t n_overrides;
+    int small;             /* tensors of fewer elements go into the small bucket */
+    const char *small_codec; /* its codec (--small-codec), "dense" by default */
+    int seeds;             /* --seeds K: every configuration with K seeds */
+    size_t train_limit, test_limit; /* 0: all */
+    int eval_every;        /* steps between evaluations, 0: once per epoch */
+    double target_acc;     /* report the time to reach it; 0: not asked */
+    int sweep, sweep_full;
+    train_run runs[TRAIN_MAX_RUNS];
+    size_t n_runs;
+    int csv, json, quiet;
+    const char *plot;      /* PNG path for the sweep's plot, or NULL */
+    int worker;
+    const char *results;
+} train_options;
+
+/* One evaluation of one run, written by rank 0 (one line per record). */
+typedef struct {
+    int run;               /* index into runs */
+    int group;             /* runs[run].group */
+    uint64_t seed;         /* runs[run].seed */
+    int final;             /* 1 on the last evaluation of the run */
+    int epoch;             /* 1-based; fractional progress is in step */
+    long step, steps_total;
+    double test_acc;       /* percent */
+    double test_loss, train_loss; /* train loss: mean since the last record */
+    double bytes_sent;     /* gradient (or model-delta) wire bytes per worker,
+                              since the start of the run, max over workers */
+    double dense_bytes;    /* 4 * parameters * exchanges: fp32 dense volume */
+    double compute_s, codec_s, network_s; /* since the start, max over workers */
+    double wall_s;         /* training wall time since the start (no eval) */
+    char codec[128];
+    char label[64];
+    int ef;
+    char error[256];       /* nonempty: the run failed and this says why */
+} train_record;
+
+void train_record_write(FILE *f, const train_record *r);
+/* Every record of a file; how many (<= cap), or -1 if unreadable. */
+int train_record_read_all(const char *path, train_record *recs, int cap);
+
+int train_parse_args(int argc, char **argv, train_options *o);
+int train_worker_main(const train_options *o);
+int train_launch(int argc, char **argv, const train_options *o);
+void train_report(const train_options *o, const train_record *recs, int n);
+int train_plot(const train_options *o, const train_record *recs, int n);
+
+int bench_train_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,603 @@
+/* terse-bench train, the worker role (train.h): load Fashion-MNIST, join the
+ * job, and train every configuration of the options in turn, exchanging
+ * gradients (or, in Local SGD, model changes) with terse_allreduce. Rank 0
+ * records one line per evaluation. Public API only (include/terse.h). */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <terse.h>
+
+#include "bench.h"
+#include "train.h"
+
+#define WHO "terse-bench train"
+#define EVAL_CHUNK 1000
+#define MAX_RECORDS 8192
+/* Seconds between progress lines on stderr. */
+#define PROGRESS_SECONDS 2.0
+
+/* ---------------------------------------------------------------- random */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t stream_key(uint64_t seed, uint64_t a, uint64_t b) {
+    uint64_t s = seed ^ 0x7472616e6974ull; /* a different stream from the model's init */
+    s = splitmix(&s) ^ a;
+    s = splitmix(&s) ^ b;
+    return splitmix(&s);
+}
+
+/* Fisher-Yates with 64-bit draws (the modulo bias is below 2^-40). */
+static void shuffle(size_t *v, size_t n, uint64_t key) {
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)(splitmix(&key) % i);
+        size_t t = v[i - 1];
+        v[i - 1] = v[j];
+        v[j] = t;
+    }
+}
+
+/* Standard normal draws, Box-Muller on 53-bit uniforms. */
+static double uniform01(uint64_t *s) {
+    return ((double)(splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static void add_gaussian(float *x, size_t n, double sd, uint64_t *s) {
+    for (size_t i = 0; i < n; i += 2) {
+        double r = sqrt(-2.0 * log(uniform01(s))), t = 6.283185307179586 * uniform01(s);
+        x[i] += (float)(sd * r * cos(t));
+        if (i + 1 < n) x[i + 1] += (float)(sd * r * sin(t));
+    }
+}
+
+/* ---------------------------------------------------------------- state */
+
+typedef struct {
+    const train_options *o;
+    terse_comm *comm;
+    int rank, nworkers;
+    dataset train, test;
+    size_t *shard, shard_n; /* this worker's training examples */
+    size_t *perm, n_used;   /* scratch for dealing shards; examples in use */
+    long steps_per_epoch;
+    size_t test_lo, test_hi; /* this worker's slice of the test set */
+    float *x;
+    uint8_t *y;
+    FILE *results;
+    train_record *kept; /* rank 0 without --results: printed at the end */
+    int n_kept;
+    double last_progress;
+} worker;
+
+/* What one worker has done so far in one run (sums; rank 0 gathers). */
+typedef struct {
+    double bytes, compute_s, codec_s, network_s, wall_s;
+    double loss_sum, loss_count; /* training loss since the last record */
+} tally;
+
+typedef struct {
+    const train_run *cfg;
+    int index;
+    model *m;
+    size_t nt;
+    terse_codec *codec[MODEL_MAX_TENSORS]; /* NULL: dense, unless in_bucket */
+    int in_bucket[MODEL_MAX_TENSORS];       /* packed into the bucket */
+    terse_codec *bucket_codec;              /* NULL: the bucket travels dense */
+    float *velocity[MODEL_MAX_TENSORS];
+    float *anchor[MODEL_MAX_TENSORS]; /* Local SGD: the model at the last average */
+    float *fused;                     /* the bucket: small (or dense) tensors, packed */
+    size_t fused_n;
+    long exchanges, step, steps_total, unsynced;
+    uint64_t dp_stream;
+    tally t;
+} run_state;
+
+static int fail(const worker *w, const char *what, terse_status s) {
+    fprintf(stderr, WHO ": rank %d: %s: %s (%s)\n", w->rank, what, terse_last_error(),
+            terse_status_name(s));
+    return -1;
+}
+
+/* ---------------------------------------------------------------- data */
+
+static int load_data(worker *w) {
+    const train_options *o = w->o;
+    char err[512];
+    if (dataset_load(o->data_dir, "train", &w->train, err, sizeof err) != 0 ||
+        dataset_load(o->data_dir, "t10k", &w->test, err, sizeof err) != 0) {
+        fprintf(stderr, WHO ": rank %d: %s\n", w->rank, err);
+        return -1;
+    }
+    if (w->train.rows * w->train.cols != MODEL_INPUTS ||
+        w->test.rows * w->test.cols != MODEL_INPUTS) {
+        fprintf(stderr, WHO ": rank %d: images are %zux%zu, the models take 28x28\n", w->rank,
+                w->train.rows, w->train.cols);
+        return -1;
+    }
+    size_t n = w->train.n;
+    if (o->train_limit && o->train_limit < n) n = o->train_limit;
+    size_t t = w->test.n;
+    if (o->test_limit && o->test_limit < t) t = o->test_limit;
+    w->test.n = t;
+    size_t per = n / (size_t)w->nworkers; /* every worker runs the same step count */
+    w->steps_per_epoch = (long)(per / o->batch);
+    if (w->steps_per_epoch < 1) {
+        fprintf(stderr, WHO ": %zu training examples over %d workers is fewer than one batch "
+                        "of %zu each\n", n, w->nworkers, o->batch);
+        return -1;
+    }
+    w->perm = malloc(n * sizeof *w->perm);
+    w->shard = malloc(per * sizeof *w->shard);
+    size_t chunk = o->batch > EVAL_CHUNK ? o->batch : EVAL_CHUNK;
+    w->x = bench_alloc(chunk * MODEL_INPUTS * sizeof(float));
+    w->y = malloc(chunk);
+    if (!w->perm || !w->shard || !w->x || !w->y) {
+        fprintf(stderr, WHO ": rank %d: out of memory\n", w->rank);
+        return -1;
+    }
+    w->shard_n = per;
+    w->n_used = n;
+    w->test_lo = t * (size_t)w->rank / (size_t)w->nworkers;
+    w->test_hi = t * (size_t)(w->rank + 1) / (size_t)w->nworkers;
+    return 0;
+}
+
+static void fill_batch(worker *w, const dataset *d, const size_t *idx, size_t first, size_t b) {
+    const float scale = 1.0f / 255.0f;
+    for (size_t j = 0; j < b; j++) {
+        size_t e = idx ? idx[first + j] : first + j;
+        const uint8_t *px = d->pixels + e * MODEL_INPUTS;
+        float *xr = w->x + j * MODEL_INPUTS;
+        for (size_t p = 0; p < MODEL_INPUTS; p++) xr[p] = (float)px[p] * scale;
+        w->y[j] = d->labels[e];
+    }
+}
+
+/* ---------------------------------------------------------------- a run */
+
+/* The codec spec for tensor t: --codec-for, else NULL (the small bucket)
+ * below --small elements, else the run's. */
+static const char *spec_for(const worker *w, const run_state *r, const model_tensor *t) {
+    const train_options *o = w->o;
+    size_t len = strlen(t->name);
+    for (size_t i = 0; i < o->n_overrides; i++)
+        if (strncmp(o->overrides[i], t->name, len) == 0 && o->overrides[i][len] == '=')
+            return o->overrides[i] + len + 1;
+    if (t->n < (size_t)o->small) return NULL; /* the small bucket */
+    return r->cfg->codec;
+}
+
+static void run_free(run_state *r) {
+    for (size_t i = 0; i < MODEL_MAX_TENSORS; i++) {
+        terse_codec_free(r->codec[i]);
+        free(r->velocity[i]);
+        free(r->anchor[i]);
+    }
+    terse_codec_free(r->bucket_codec);
+    free(r->fused);
+    model_free(r->m);
+    memset(r, 0, sizeof *r);
+}
+
+/* A codec for spec, its random streams keyed by the run's seed (unless the
+ * spec names one), the tensor id and this rank. */
+static terse_status make_codec(const worker *w, const run_state *r, const char *spec,
+                               size_t rows, size_t cols, uint64_t tensor, terse_codec **out) {
+    terse_status s = terse_codec_create(spec, rows, cols, out);
+    if (s != TERSE_OK) return s;
+    terse_codec_traits tr;
+    memset(&tr, 0, sizeof tr);
+    tr.size = sizeof tr;
+    s = terse_codec_get_traits(*out, &tr);
+    if (s == TERSE_OK && tr.randomized && !strstr(spec, "seed=")) {
+        char seeded[192];
+        snprintf(seeded, sizeof seeded, "%s%sseed=%llu", spec, strchr(spec, ':') ? "," : ":",
+                 (unsigned long long)r->cfg->seed);
+        terse_codec_free(*out);
+        *out = NULL;
+        s = terse_codec_create(seeded, rows, cols, out);
+    }
+    if (s == TERSE_OK) s = terse_codec_set_stream(*out, tensor, (uint32_t)w->rank);
+    return s;
+}
+
+/* Shards: a permutation of the first n examples keyed by the run's seed,
+ * dealt round-robin. */
+static void deal_shard(worker *w, uint64_t seed) {
+    size_t n = w->n_used;
+    for (size_t i = 0; i < n; i++) w->perm[i] = i;
+    shuffle(w->perm, n, stream_key(seed, 0x5ba4d, 0));
+    for (size_t i = 0; i < w->shard_n; i++)
+        w->shard[i] = w->perm[i * (size_t)w->nworkers + (size_t)w->rank];
+}
+
+static int run_setup(worker *w, run_state *r, int index) {
+    const train_options *o = w->o;
+    memset(r, 0, sizeof *r);
+    r->cfg = &o->runs[index];
+    r->index = index;
+    deal_shard(w, r->cfg->seed);
+    size_t chunk = o->batch > EVAL_CHUNK ? o->batch : EVAL_CHUNK;
+    r->m = model_create(o->model, chunk, r->cfg->seed);
+    if (!r->m) return fail(w, "creating the model", TERSE_ERR_NOMEM);
+    r->nt = model_tensor_count(r->m);
+    int bucket_dense = strcmp(r->cfg->small_codec, TRAIN_DENSE) == 0;
+    for (size_t i = 0; i < r->nt; i++) {
+        model_tensor *t = model_tensor_at(r->m, i);
+        const char *spec = spec_for(w, r, t);
+        int dense = spec && strcmp(spec, TRAIN_DENSE) == 0;
+        if (!spec || (dense && bucket_dense)) {
+            r->in_bucket[i] = 1;
+            r->fused_n += t->n;
+        } else if (!dense) {
+            terse_status s = make_codec(w, r, spec, t->rows, t->cols, i, &r->codec[i]);
+            if (s != TERSE_OK) return fail(w, spec, s);
+        }
+        r->velocity[i] = calloc(t->n, sizeof(float));
+        if (!r->velocity[i]) return fail(w, "allocating momentum", TERSE_ERR_NOMEM);
+        if (o->mode == TRAIN_MODE_LOCALSGD) {
+            r->anchor[i] = malloc(t->n * sizeof(float));
+            if (!r->anchor[i]) return fail(w, "allocating the anchor", TERSE_ERR_NOMEM);
+            memcpy(r->anchor[i], t->value, t->n * sizeof(float));
+        }
+    }
+    if (r->fused_n) {
+        if (!(r->fused = malloc(r->fused_n * sizeof(float))))
+            return fail(w, "allocating the small-tensor bucket", TERSE_ERR_NOMEM);
+        if (!bucket_dense) {
+            terse_status s = make_codec(w, r, r->cfg->small_codec, r->fused_n, 1,
+                                        MODEL_MAX_TENSORS, &r->bucket_codec);
+            if (s != TERSE_OK) return fail(w, r->cfg->small_codec, s);
+        }
+    }
+    r->steps_total = w->steps_per_epoch * o->epochs;
+    r->dp_stream = stream_key(r->cfg->seed, 0xd9, (uint64_t)w->rank);
+    return 0;
+}
+
+/* Clip the update held in every tensor's grad to L2 norm C and add noise. */
+static void privatize(const worker *w, run_state *r) {
+    double sq = 0;
+    for (size_t i = 0; i < r->nt; i++) {
+        const model_tensor *t = model_tensor_at(r->m, i);
+        for (size_t j = 0; j < t->n; j++) sq += (double)t->grad[j] * t->grad[j];
+    }
+    double norm = sqrt(sq), c = w->o->dp_clip;
+    float f = norm > c ? (float)(c / norm) : 1.0f;
+    for (size_t i = 0; i < r->nt; i++) {
+        model_tensor *t = model_tensor_at(r->m, i);
+        if (f != 1.0f)
+            for (size_t j = 0; j < t->n; j++) t->grad[j] *= f;
+        if (w->o->dp_noise > 0) add_gaussian(t->grad, t->n, w->o->dp_noise * c, &r->dp_stream);
+    }
+}
+
+/* Average every tensor's grad over the workers: one call per tensor with its
+ * own codec (or dense), one for the bucket of small tensors packed together
+ * (as DDP buckets them). Counts bytes and time. */
+static int exchange(worker *w, run_state *r) {
+    terse_comm_stats s0 = TERSE_COMM_STATS_INIT, s1 = TERSE_COMM_STATS_INIT;
+    terse_status s = terse_comm_get_stats(w->comm, &s0);
+    if (s != TERSE_OK) return fail(w, "reading statistics", s);
+    for (size_t i = 0; i < r->nt; i++) {
+        if (r->in_bucket[i]) continue;
+        model_tensor *t = model_tensor_at(r->m, i);
+        s = terse_allreduce(w->comm, t->grad, t->n, r->codec[i], TERSE_OP_AVG);
+        if (s != TERSE_OK) return fail(w, "allreduce", s);
+    }
+    if (r->fused_n) {
+        size_t off = 0;
+        for (size_t i = 0; i < r->nt; i++) {
+            model_tensor *t = model_tensor_at(r->m, i);
+            if (!r->in_bucket[i]) continue;
+            memcpy(r->fused + off, t->grad, t->n * sizeof(float));
+            off += t->n;
+        }
+        s = terse_allreduce(w->comm, r->fused, r->fused_n, r->bucket_codec, TERSE_OP_AVG);
+        if (s != TERSE_OK) return fail(w, "allreduce (small-tensor bucket)", s);
+        off = 0;
+        for (size_t i = 0; i < r->nt; i++) {
+            model_tensor *t = model_tensor_at(r->m, i);
+            if (!r->in_bucket[i]) continue;
+            memcpy(t->grad, r->fused + off, t->n * sizeof(float));
+            off += t->n;
+        }
+    }
+    s = terse_comm_get_stats(w->comm, &s1);
+    if (s != TERSE_OK) return fail(w, "reading statistics", s);
+    r->t.bytes += (double)(s1.wire_bytes_sent - s0.wire_bytes_sent);
+    r->t.codec_s += s1.codec_seconds - s0.codec_seconds;
+    r->t.network_s += s1.network_seconds - s0.network_seconds;
+    r->exchanges++;
+    return 0;
+}
+
+/* v = m v + g; w -= lr v, for every tensor (PyTorch's SGD with momentum). */
+static void sgd_update(const train_options *o, run_state *r) {
+    const float lr = (float)o->lr, mu = (float)o->momentum;
+    for (size_t i = 0; i < r->nt; i++) {
+        model_tensor *t = model_tensor_at(r->m, i);
+        float *v = r->velocity[i], *p = t->value;
+        const float *g = t->grad;
+        for (size_t j = 0; j < t->n; j++) {
+            v[j] = mu * v[j] + g[j];
+            p[j] -= lr * v[j];
+        }
+    }
+}
+
+/* Momentum before the exchange: v = m v + g, and v is what travels. */
+static void local_momentum(const train_options *o, run_state *r) {
+    const float mu = (float)o->momentum;
+    for (size_t i = 0; i < r->nt; i++) {
+        model_tensor *t = model_tensor_at(r->m, i);
+        float *v = r->velocity[i], *g = t->grad;
+        for (size_t j = 0; j < t->n; j++) g[j] = v[j] = mu * v[j] + g[j];
+    }
+}
+
+/* w -= lr d, where d (in grad) is the averaged direction. */
+static void apply_direction(const train_options *o, run_state *r) {
+    const float lr = (float)o->lr;
+    for (size_t i = 0; i < r->nt; i++) {
+        model_tensor *t = model_tensor_at(r->m, i);
+        float *p = t->value;
+        const float *d = t->grad;
+        for (size_t j = 0; j < t->n; j++) p[j] -= lr * d[j];
+    }
+}
+
+/* Local SGD's average: what travels is each tensor's change since the last
+ * average (in grad), so a codec compresses a difference, as it would a
+ * gradient; the model becomes anchor + mean change. */
+static int local_average(worker *w, run_state *r) {
+    for (size_t i = 0; i < r->nt; i++) {
+        model_tensor *t = model_tensor_at(r->m, i);
+        for (size_t j = 0; j < t->n; j++) t->grad[j] = t->value[j] - r->anchor[i][j];
+    }
+    if (w->o->dp) privatize(w, r);
+    if (exchange(w, r) != 0) return -1;
+    for (size_t i = 0; i < r->nt; i++) {
+        model_tensor *t = model_tensor_at(r->m, i);
+        for (size_t j = 0; j < t->n; j++) t->value[j] = r->anchor[i][j] + t->grad[j];
+        memcpy(r->anchor[i], t->value, t->n * sizeof(float));
+    }
+    r->unsynced = 0;
+    return 0;
+}
+
+/* One step: forward/backward on the next batch, then exchange and update. */
+static int train_step(worker *w, run_state *r, const size_t *order, long k) {
+    const train_options *o = w->o;
+    double t0 = bench_now();
+    fill_batch(w, &w->train, order, (size_t)k * o->batch, o->batch);
+    double loss = model_forward_backward(r->m, w->x, w->y, o->batch);
+    r->t.loss_sum += loss;
+    r->t.loss_count += 1;
+    if (o->mode == TRAIN_MODE_ALLREDUCE) {
+        if (o->dp) privatize(w, r);
+        if (o->local_momentum) local_momentum(o, r);
+        double t1 = bench_now();
+        r->t.compute_s += t1 - t0;
+        if (exchange(w, r) != 0) return -1;
+        double t2 = bench_now();
+        if (o->local_momentum)
+            apply_direction(o, r);
+        else
+            sgd_update(o, r);
+        double t3 = bench_now();
+        r->t.compute_s += t3 - t2;
+        r->t.wall_s += t3 - t0;
+    } else {
+        sgd_update(o, r);
+        r->unsynced++;
+        double t1 = bench_now();
+        r->t.compute_s += t1 - t0;
+        r->t.wall_s += t1 - t0;
+        if (r->unsynced == o->local_steps) {
+            if (local_average(w, r) != 0) return -1;
+            r->t.wall_s += bench_now() - t1;
+        }
+    }
+    r->step++;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- evaluation */
+
+enum { G_CORRECT, G_LOSS, G_TRAIN_LOSS, G_TRAIN_COUNT, G_BYTES, G_COMPUTE, G_CODEC, G_NET,
+       G_WALL, G_FIELDS };
+
+static int evaluate(worker *w, run_state *r, int epoch, int final) {
+    double mine[G_FIELDS] = {0};
+    size_t correct = 0;
+    double loss = 0;
+    for (size_t lo = w->test_lo; lo < w->test_hi; lo += EVAL_CHUNK) {
+        size_t b = w->test_hi - lo < EVAL_CHUNK ? w->test_hi - lo : EVAL_CHUNK, c = 0;
+        fill_batch(w, &w->test, NULL, lo, b);
+        loss += model_evaluate(r->m, w->x, w->y, b, &c) * (double)b;
+        correct += c;
+    }
+    mine[G_CORRECT] = (double)correct;
+    mine[G_LOSS] = loss;
+    mine[G_TRAIN_LOSS] = r->t.loss_sum;
+    mine[G_TRAIN_COUNT] = r->t.loss_count;
+    mine[G_BYTES] = r->t.bytes;
+    mine[G_COMPUTE] = r->t.compute_s;
+    mine[G_CODEC] = r->t.codec_s;
+    mine[G_NET] = r->t.network_s;
+    mine[G_WALL] = r->t.wall_s;
+    r->t.loss_sum = r->t.loss_count = 0;
+
+    double *all = calloc((size_t)w->nworkers * G_FIELDS, sizeof(double));
+    if (!all) return fail(w, "allocating evaluation results", TERSE_ERR_NOMEM);
+    terse_status s = terse_allgather(w->comm, mine, sizeof mine, all,
+                                     (size_t)w->nworkers * sizeof mine, NULL);
+    if (s != TERSE_OK) {
+        free(all);
+        return fail(w, "gathering evaluation results", s);
+    }
+    if (w->rank == 0) {
+        double sum[G_FIELDS] = {0}, max[G_FIELDS] = {0};
+        for (int k = 0; k < w->nworkers; k++)
+            for (int f = 0; f < G_FIELDS; f++) {
+                double v = all[k * G_FIELDS + f];
+                sum[f] += v;
+                if (v > max[f]) max[f] = v;
+            }
+        train_record rec;
+        memset(&rec, 0, sizeof rec);
+        rec.run = r->index;
+        rec.group = r->cfg->group;
+        rec.seed = r->cfg->seed;
+        rec.final = final;
+        rec.epoch = epoch;
+        rec.step = r->step;
+        rec.steps_total = r->steps_total;
+        rec.test_acc = 100.0 * sum[G_CORRECT] / (double)w->test.n;
+        rec.test_loss = sum[G_LOSS] / (double)w->test.n;
+        rec.train_loss = sum[G_TRAIN_COUNT] > 0 ? sum[G_TRAIN_LOSS] / sum[G_TRAIN_COUNT] : NAN;
+        rec.bytes_sent = max[G_BYTES];
+        rec.dense_bytes = 4.0 * (double)model_param_count(r->m) * (double)r->exchanges;
+        rec.compute_s = max[G_COMPUTE];
+        rec.codec_s = max[G_CODEC];
+        rec.network_s = max[G_NET];
+        rec.wall_s = max[G_WALL];
+        snprintf(rec.codec, sizeof rec.codec, "%s", r->cfg->codec);
+        snprintf(rec.label, sizeof rec.label, "%s", r->cfg->label);
+        rec.ef = r->cfg->ef;
+        if (w->results) {
+            train_record_write(w->results, &rec);
+            fflush(w->results);
+        } else if (w->kept && w->n_kept < MAX_RECORDS) {
+            w->kept[w->n_kept++] = rec;
+        }
+        if (!w->o->quiet)
+            fprintf(stderr, WHO ": [%d/%zu] %s%s: epoch %d, step %ld/%ld: test %.2f%%, "
+                            "loss %.4f, %.0f bytes sent, %.1f s\n",
+                    r->index + 1, w->o->n_runs, r->cfg->label, r->cfg->ef ? " +EF" : "", epoch,
+                    r->step, r->steps_total, rec.test_acc, rec.train_loss, rec.bytes_sent,
+                    rec.wall_s);
+        w->last_progress = bench_now();
+    }
+    free(all);
+    return 0;
+}
+
+static void progress(worker *w, const run_state *r, int epoch) {
+    if (w->rank != 0 || w->o->quiet) return;
+    double now = bench_now();
+    if (now - w->last_progress < PROGRESS_SECONDS) return;
+    w->last_progress = now;
+    fprintf(stderr, WHO ": [%d/%zu] %s%s: epoch %d, step %ld/%ld\n", r->index + 1, w->o->n_runs,
+            r->cfg->label, r->cfg->ef ? " +EF" : "", epoch, r->step, r->steps_total);
+}
+
+static int train_run_one(worker *w, int index) {
+    const train_options *o = w->o;
+    run_state r;
+    int rc = run_setup(w, &r, index);
+    /* Every worker says whether it is ready, so one failing setup never
+     * leaves the others inside a collective. */
+    float not_ready = rc == 0 ? 0.0f : 1.0f;
+    terse_status s = terse_allreduce(w->comm, &not_ready, 1, NULL, TERSE_OP_SUM);
+    if (s != TERSE_OK || not_ready != 0.0f) {
+        if (s != TERSE_OK) fail(w, "agreeing to start", s);
+        run_free(&r);
+        return -1;
+    }
+    size_t *order = malloc(w->shard_n * sizeof *order);
+    if (!order) {
+        run_free(&r);
+        return fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
+    }
+    for (int e = 1; e <= o->epochs && rc == 0; e++) {
+        memcpy(order, w->shard, w->shard_n * sizeof *order);
+        shuffle(order, w->shard_n,
+                stream_key(r.cfg->seed, (uint64_t)e, (uint64_t)w->rank + 1));
+        int eval_due = 0;
+        for (long k = 0; k < w->steps_per_epoch && rc == 0; k++) {
+            rc = train_step(w, &r, order, k);
+            if (rc != 0) break;
+            if (o->eval_every && r.step % o->eval_every == 0) eval_due = 1;
+            if (eval_due && r.unsynced == 0 && k + 1 < w->steps_per_epoch) {
+                rc = evaluate(w, &r, e, 0);
+                eval_due = 0;
+            }
+            progress(w, &r, e);
+        }
+        if (rc == 0 && r.unsynced > 0) {
+            double t0 = bench_now();
+            rc = local_average(w, &r);
+            r.t.wall_s += bench_now() - t0;
+        }
+        if (rc == 0) rc = evaluate(w, &r, e, e == o->epochs);
+    }
+    free(order);
+    run_free(&r);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- main */
+
+int train_worker_main(const train_options *o) {
+    static worker w;
+    static train_record kept[MAX_RECORDS];
+    memset(&w, 0, sizeof w);
+    w.o = o;
+    /* Single-threaded BLAS: deterministic results, and N workers share the
+     * cores without oversubscribing them. */
+    openblas_set_num_threads(1);
+    terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+    terse_status s = terse_comm_init(&cfg, &w.comm);
+    if (s != TERSE_OK) {
+        fprintf(stderr, WHO ": joining the job: %s (%s)\n", terse_last_error(),
+                terse_status_name(s));
+        return BENCH_EXIT_RUNTIME;
+    }
+    w.rank = terse_comm_rank(w.comm);
+    w.nworkers = terse_comm_size(w.comm);
+    int rc = load_data(&w);
+    /* Agree that every worker has its data before training starts. */
+    float bad = rc == 0 ? 0.0f : 1.0f;
+    s = terse_allreduce(w.comm, &bad, 1, NULL, TERSE_OP_SUM);
+    if (s != TERSE_OK || bad != 0.0f) {
+        if (s != TERSE_OK) fail(&w, "agreeing to start", s);
+        rc = -1;
+    }
+    if (rc == 0 && w.rank == 0) {
+        if (o->results) {
+            w.results = fopen(o->results, "w");
+            if (!w.results) {
+                perror(o->results);
+                rc = -1;
+            }
+        } else {
+            w.kept = kept;
+        }
+        if (!o->quiet && rc == 0)
+            fprintf(stderr, WHO ": %d workers over %s, %zu training examples each, %ld steps "
+                            "per epoch, %zu test examples\n",
+                    w.nworkers, terse_comm_provider(w.comm), w.shard_n, w.steps_per_epoch,
+                    w.test.n);
+    }
+    for (size_t i = 0; i < o->n_runs && rc == 0; i++) rc = train_run_one(&w, (int)i);
+    if (w.results && fclose(w.results) != 0) rc = -1;
+    if (rc == 0 && w.rank == 0 && w.kept) train_report(o, w.kept, w.n_kept);
+    terse_comm_free(w.comm);
+    dataset_free(&w.train);
+    dataset_free(&w.test);
+    free(w.shard);
+    free(w.perm);
+    free(w.x);
+    free(w.y);
+    return rc == 0 ? BENCH_EXIT_OK : BENCH_EXIT_RUNTIME;
+}
