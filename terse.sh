@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # terse.sh -- the quick start: install what is missing, build, and run.
 #
-#   ./terse.sh bench   the main job (today: the codec comparison table)
+#   ./terse.sh bench   the main job: train on Fashion-MNIST with every codec,
+#                      with and without error feedback, and print accuracy
+#                      against bytes (table, plus terse-sweep.png)
+#   ./terse.sh bench SUBCOMMAND [ARGS]
+#                      any terse-bench subcommand: codecs, allreduce, train
 #   ./terse.sh test    the whole test suite (gcc build + clang ASan/UBSan build)
 #   ./terse.sh build   just configure and build into ./build
 #
@@ -15,7 +19,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
           libfabric-bin libssl-dev iproute2 openmpi-bin libopenmpi-dev dataset-fashion-mnist gnuplot-nox binutils)
 
 usage() {
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 need_packages() {
@@ -50,7 +54,10 @@ case "$cmd" in
         shift
         need_packages
         build build
-        exec ./build/bench/terse-bench codecs "$@"
+        if [ $# -eq 0 ]; then
+            set -- train --sweep
+        fi
+        exec ./build/bench/terse-bench "$@"
         ;;
     test)
         need_packages
