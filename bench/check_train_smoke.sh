@@ -87,7 +87,13 @@ if run dense2 && run topk2 --codec topk:ratio=0.01,ef=1; then
     done
 fi
 
-# 4. Local SGD (4 local steps, then the change is averaged) and --dp.
+# 4. The softmax model, dense.
+if run softmax --model softmax; then
+    expect_acc softmax 65
+    expect_ratio softmax 0.95 1.0
+fi
+
+# 5. Local SGD (4 local steps, then the change is averaged) and --dp.
 if run local --mode localsgd:4 --codec int8; then
     expect_acc local 65
     # 300 steps in averages of 4: 75 exchanges of int8 (about 4x fewer bytes).
@@ -97,7 +103,7 @@ if run dp --dp clip=5,noise=0.001; then
     expect_acc dp 65
 fi
 
-# 5. A tiny sweep: every configuration gets a row, and the plot is drawn.
+# 6. A tiny sweep: every configuration gets a row, and the plot is drawn.
 if "$bench" train --sweep --seeds 1 --train-limit 2560 --test-limit 500 --epochs 1 -q \
         --plot "$tmp/sweep.png" >"$tmp/sweep.txt" 2>"$tmp/sweep.err"; then
     rows=$(grep -cE '^[a-z].* (no|yes) ' "$tmp/sweep.txt")
@@ -111,7 +117,7 @@ else
     cat "$tmp/sweep.err" "$tmp/sweep.txt"
 fi
 
-# 6. Errors: status and a sentence that names the problem.
+# 7. Errors: status and a sentence that names the problem.
 expect_fail() { # status pattern args...
     local want=$1 pattern=$2
     shift 2

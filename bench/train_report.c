@@ -164,10 +164,23 @@ static void print_setup(const train_options *o) {
         printf("Local SGD (average every %d steps)\n", o->local_steps);
     else
         printf("synchronous SGD\n");
-    if (o->small > 0)
-        printf("# tensors under %d elements (biases, and the MLP's 10x256 output layer) travel "
-               "together in one bucket: %s in compressed runs, dense in dense runs\n",
-               o->small, strcmp(o->small_codec, TRAIN_DENSE) == 0 ? "dense" : o->small_codec);
+    if (o->small > 0) {
+        /* Name the tensors the threshold catches, from the model itself. */
+        char names[64] = "";
+        model *m = model_create(o->model, 1, 0);
+        for (size_t i = 0; m && i < model_tensor_count(m); i++) {
+            const model_tensor *t = model_tensor_at(m, i);
+            if (t->n >= (size_t)o->small) continue;
+            size_t len = strlen(names);
+            snprintf(names + len, sizeof names - len, "%s%s %zux%zu", len ? "," : "", t->name,
+                     t->rows, t->cols);
+        }
+        model_free(m);
+        printf("# tensors under %d elements (%s) travel together in one bucket: %s in "
+               "compressed runs, dense in dense runs\n",
+               o->small, names[0] ? names : "none here",
+               strcmp(o->small_codec, TRAIN_DENSE) == 0 ? "dense" : o->small_codec);
+    }
     for (size_t i = 0; i < o->n_overrides; i++) printf("# --codec-for %s\n", o->overrides[i]);
     if (o->dp)
         printf("# --dp: updates clipped to L2 norm %g, Gaussian noise sd %g added\n", o->dp_clip,
