@@ -69,7 +69,8 @@ static void usage(FILE *f) {
 "\n"
 "the sweep:\n"
 "  --sweep               the MLP with every codec, with and without error\n"
-"                        feedback: 24 configurations x 3 seeds, about 2 minutes\n"
+"                        feedback, and Local SGD every 8 steps, dense and with\n"
+"                        PowerSGD: 26 configurations x 3 seeds, about 2 minutes\n"
 "  --sweep-full          also fp16, bf16 and int8 with error feedback (27)\n"
 "  --plot FILE           where the sweep draws accuracy against bytes as a PNG\n"
 "                        (terse-sweep.png); needs gnuplot\n"
@@ -83,8 +84,9 @@ static void usage(FILE *f) {
 "Columns: acc is test accuracy (%%) on the 10,000 test images; loss is the mean\n"
 "training loss since the previous line; sent is the gradient bytes each worker\n"
 "handed to the network (terse_comm_stats' wire bytes: payload and terse's\n"
-"framing, the maximum over workers); ratio is 4 bytes x parameters x exchanges\n"
-"(what dense fp32 carries) over sent; compute, codec and network are seconds of\n"
+"framing, the maximum over workers); ratio is 4 bytes x parameters x steps\n"
+"(what synchronous dense fp32 training sends per worker with 2 workers) over\n"
+"sent; compute, codec and network are seconds of\n"
 "forward/backward/update, of encode/decode/reduction, and of waiting on the\n"
 "network (maximum over workers); time is the training wall time, evaluation\n"
 "excluded.\n"
@@ -178,15 +180,17 @@ static void with_ef(char *out, size_t cap, const char *spec) {
     snprintf(out, cap, "%s%sef=1", spec, strchr(spec, ':') ? "," : ":");
 }
 
-static void add_run(train_options *o, const char *label, const char *spec, int ef) {
-    if (o->n_runs >= TRAIN_MAX_RUNS) return;
+static train_run *add_run(train_options *o, const char *label, const char *spec, int ef) {
+    if (o->n_runs >= TRAIN_MAX_RUNS) return &o->runs[TRAIN_MAX_RUNS - 1];
     train_run *r = &o->runs[o->n_runs++];
+    r->local_steps = o->mode == TRAIN_MODE_LOCALSGD ? o->local_steps : 0;
     if (ef)
         with_ef(r->codec, sizeof r->codec, spec);
     else
         snprintf(r->codec, sizeof r->codec, "%s", spec);
     snprintf(r->label, sizeof r->label, "%s", label);
     r->ef = ef;
+    return r;
 }
 
 /* Every configuration once per seed (seed, seed+1, ...), grouped; the small
@@ -236,6 +240,9 @@ static void sweep_runs(train_options *o) {
         if (codecs[i].ef_by_default || o->sweep_full)
             add_run(o, codecs[i].label, codecs[i].spec, 1);
     }
+    /* Fewer exchanges instead of (or as well as) smaller ones. */
+    add_run(o, "local8 dense", TRAIN_DENSE, 0)->local_steps = 8;
+    add_run(o, "local8 psgd r4", "powersgd:rank=4", 1)->local_steps = 8;
 }
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -423,6 +430,8 @@ int train_parse_args(int argc, char **argv, train_options *o) {
     if (o->csv && o->json) return usage_error("%s", "--csv and --json exclude each other");
     if (o->sweep && have_codec)
         return usage_error("%s", "--sweep chooses the codecs itself; drop --codec");
+    if (o->sweep && o->mode != TRAIN_MODE_ALLREDUCE)
+        return usage_error("%s", "--sweep sets the mode of each run; drop --mode");
     if (o->sweep && o->model != MODEL_MLP)
         return usage_error("%s", "--sweep trains the MLP; drop --model");
     if (o->plot && !o->sweep) return usage_error("%s", "--plot draws the sweep: add --sweep");

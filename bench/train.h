@@ -124,6 +124,7 @@ typedef struct {
     char label[64];        /* what the table calls it */
     int ef;                /* 1 if codec has ef=1 (for the table) */
     uint64_t seed;         /* initialisation, sharding, shuffling, codec seeds */
+    int local_steps;       /* 0: synchronous SGD; H: Local SGD, average every H */
     int group;             /* runs that differ only in seed share a group */
 } train_run;
 
@@ -170,7 +171,8 @@ typedef struct {
     double test_loss, train_loss; /* train loss: mean since the last record */
     double bytes_sent;     /* gradient (or model-delta) wire bytes per worker,
                               since the start of the run, max over workers */
-    double dense_bytes;    /* 4 * parameters * exchanges: fp32 dense volume */
+    double dense_bytes;    /* 4 * parameters * steps: what synchronous dense
+                              fp32 training sends per worker (2 workers) */
     double compute_s, codec_s, network_s; /* since the start, max over workers */
     double wall_s;         /* training wall time since the start (no eval) */
     char codec[128];

@@ -220,6 +220,7 @@ static void print_run_table(const train_options *o, const train_record *recs, in
 }
 
 static void print_sweep_table(const train_options *o, const train_record *recs, int n) {
+    /* Local SGD rows say so in their label ("local8 ..."). */
     print_setup(o);
     int ng = group_count(o);
     group_sum dense;

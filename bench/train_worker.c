@@ -243,7 +243,7 @@ static int run_setup(worker *w, run_state *r, int index) {
         }
         r->velocity[i] = calloc(t->n, sizeof(float));
         if (!r->velocity[i]) return fail(w, "allocating momentum", TERSE_ERR_NOMEM);
-        if (o->mode == TRAIN_MODE_LOCALSGD) {
+        if (r->cfg->local_steps) {
             r->anchor[i] = malloc(t->n * sizeof(float));
             if (!r->anchor[i]) return fail(w, "allocating the anchor", TERSE_ERR_NOMEM);
             memcpy(r->anchor[i], t->value, t->n * sizeof(float));
@@ -382,7 +382,7 @@ static int train_step(worker *w, run_state *r, const size_t *order, long k) {
     double loss = model_forward_backward(r->m, w->x, w->y, o->batch);
     r->t.loss_sum += loss;
     r->t.loss_count += 1;
-    if (o->mode == TRAIN_MODE_ALLREDUCE) {
+    if (!r->cfg->local_steps) {
         if (o->dp) privatize(w, r);
         if (o->local_momentum) local_momentum(o, r);
         double t1 = bench_now();
@@ -402,7 +402,7 @@ static int train_step(worker *w, run_state *r, const size_t *order, long k) {
         double t1 = bench_now();
         r->t.compute_s += t1 - t0;
         r->t.wall_s += t1 - t0;
-        if (r->unsynced == o->local_steps) {
+        if (r->unsynced == r->cfg->local_steps) {
             if (local_average(w, r) != 0) return -1;
             r->t.wall_s += bench_now() - t1;
         }
@@ -466,7 +466,7 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
         rec.test_loss = sum[G_LOSS] / (double)w->test.n;
         rec.train_loss = sum[G_TRAIN_COUNT] > 0 ? sum[G_TRAIN_LOSS] / sum[G_TRAIN_COUNT] : NAN;
         rec.bytes_sent = max[G_BYTES];
-        rec.dense_bytes = 4.0 * (double)model_param_count(r->m) * (double)r->exchanges;
+        rec.dense_bytes = 4.0 * (double)model_param_count(r->m) * (double)r->step;
         rec.compute_s = max[G_COMPUTE];
         rec.codec_s = max[G_CODEC];
         rec.network_s = max[G_NET];
