@@ -20,7 +20,7 @@
  * moves by about a point at this learning rate), and the codec of the
  * small-tensor bucket in compressed runs. */
 #define TRAIN_SWEEP_SEEDS 3
-#define TRAIN_SWEEP_SMALL_CODEC "int8"
+#define TRAIN_SWEEP_SMALL_CODEC "int8:ef=1"
 
 static void usage(FILE *f) {
     fprintf(f,
