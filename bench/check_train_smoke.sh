@@ -118,7 +118,36 @@ else
     cat "$tmp/sweep.err" "$tmp/sweep.txt"
 fi
 
-# 7. Errors: status and a sentence that names the problem.
+# 7. A worker killed mid-run: the launcher returns 1 within seconds, saying
+#    the workers failed, instead of hanging.
+"$bench" train --epochs 100 --train-limit 19200 --test-limit 2000 -q \
+    >"$tmp/kill.out" 2>"$tmp/kill.err" &
+launcher=$!
+victim=
+for _ in $(seq 1 100); do
+    victim=$(pgrep -f -- "terse-bench train --epochs 100 .*--worker" | head -n 1)
+    [[ -n $victim ]] && break
+    sleep 0.1
+done
+if [[ -z $victim ]]; then
+    bad "kill: no worker process appeared"
+    kill "$launcher" 2>/dev/null
+else
+    sleep 2
+    kill -9 "$victim"
+    for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$launcher" 2>/dev/null; then
+        bad "kill: the launcher still runs 30 s after a worker was killed"
+        kill -9 "$launcher"
+    fi
+    wait "$launcher"
+    got=$?
+    [[ $got == 1 ]] || { bad "kill: launcher exit status $got, expected 1"; cat "$tmp/kill.err"; }
+    grep -q "workers failed" "$tmp/kill.err" ||
+        { bad "kill: no 'workers failed' message"; cat "$tmp/kill.err"; }
+fi
+
+# 8. Errors: status and a sentence that names the problem.
 expect_fail() { # status pattern args...
     local want=$1 pattern=$2
     shift 2
