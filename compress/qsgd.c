@@ -9,26 +9,38 @@
  * (squant.h): biased, but a contraction, which error feedback needs;
  * unbiased QSGD at few levels is not one and its residual would grow
  * without bound. So lsq defaults to 1 with ef=1 and to 0 without, as
- * randk's unbiased does the other way round. */
+ * randk's unbiased does the other way round.
+ *
+ * round=nearest rounds each element to its nearest level (floor(u + 1/2))
+ * instead of stochastically: biased, and no draws, but error feedback
+ * already carries the rounding error to the next step, where stochastic
+ * rounding only adds noise (4 points of accuracy on a Fashion-MNIST MLP,
+ * squant.h). So round defaults to nearest with ef=1 and to stochastic
+ * without, like lsq; the message format is the same either way. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "common/error.h"
 #include "compress/codec_internal.h"
+#include "compress/spec.h"
 #include "compress/squant.h"
 
 static terse_status qsgd_create(terse_spec *spec, size_t rows, size_t cols, void **self,
                                 char *canon, size_t canon_cap) {
     uint64_t bits, bucket, lsq;
+    unsigned nearest;
+    int ef = terse_spec_error_feedback(spec);
     TERSE_CHECK(terse_spec_get_u64(spec, "bits", 4, 2, 8, &bits));
     TERSE_CHECK(terse_spec_get_u64(spec, "bucket", 512, 8, (uint64_t)1 << 24, &bucket));
+    TERSE_CHECK(terse_spec_get_u64(spec, "lsq", ef ? 1 : 0, 0, 1, &lsq));
     TERSE_CHECK(
-        terse_spec_get_u64(spec, "lsq", terse_spec_error_feedback(spec) ? 1 : 0, 0, 1, &lsq));
+        terse__spec_get_choice(spec, "round", ef ? 1 : 0, terse__squant_rounding, &nearest));
     terse__squant *q = malloc(sizeof *q);
     if (!q) return TERSE_ERROR(TERSE_ERR_NOMEM, "allocating codec 'qsgd'");
     terse__squant_init(q, "qsgd", rows * cols, (size_t)bucket, (unsigned)bits, TERSE_SQUANT_NORM2,
-                       (int)lsq);
-    snprintf(canon, canon_cap, "bits=%u,bucket=%zu,lsq=%d", q->bits, q->bucket, q->lsq);
+                       (int)lsq, (int)nearest);
+    snprintf(canon, canon_cap, "bits=%u,bucket=%zu,lsq=%d,round=%s", q->bits, q->bucket, q->lsq,
+             terse__squant_rounding[q->nearest]);
     *self = q;
     return TERSE_OK;
 }

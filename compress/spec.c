@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,4 +133,32 @@ terse_status terse_spec_get_u64(terse_spec *spec, const char *key, uint64_t dflt
                            spec->name, (unsigned long long)min, (unsigned long long)max);
     *out = u;
     return TERSE_OK;
+}
+
+terse_status terse__spec_get_choice(terse_spec *spec, const char *key, unsigned dflt,
+                                    const char *const *choices, unsigned *out) {
+    if (!spec || !key || !choices || !out) return TERSE_ERROR(TERSE_ERR_INVALID, "NULL argument");
+    int i = find(spec, key);
+    if (i < 0) {
+        *out = dflt;
+        return TERSE_OK;
+    }
+    spec->opt[i].used = 1;
+    const char *v = spec->opt[i].value;
+    for (unsigned c = 0; choices[c]; c++)
+        if (strcmp(v, choices[c]) == 0) {
+            *out = c;
+            return TERSE_OK;
+        }
+    /* The words, for the sentence: "a, b or c". */
+    char list[128] = "";
+    size_t used = 0;
+    for (unsigned c = 0; choices[c] && used < sizeof list; c++) {
+        const char *sep = c == 0 ? "" : choices[c + 1] ? ", " : " or ";
+        int w = snprintf(list + used, sizeof list - used, "%s%s", sep, choices[c]);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    return TERSE_ERROR(TERSE_ERR_INVALID, "option '%s=%s' of codec '%s': '%s' is not %s", key, v,
+                       spec->name, v, list);
 }

@@ -28,4 +28,12 @@ terse_status terse__spec_parse(const char *text, terse_spec *spec);
 /* The first option nobody consumed, or NULL. */
 const char *terse__spec_unused(const terse_spec *spec);
 
+/* Read option `key`, whose value must be one of the words in `choices` (a
+ * NULL-terminated list): *out is the index of the word given, or dflt when
+ * the key is absent. Any other value is TERSE_ERR_INVALID with a sentence
+ * naming the token and listing the words. Reading marks the key as
+ * consumed, as terse_spec_get_u64 does. */
+terse_status terse__spec_get_choice(terse_spec *spec, const char *key, unsigned dflt,
+                                    const char *const *choices, unsigned *out);
+
 #endif

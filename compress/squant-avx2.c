@@ -68,7 +68,7 @@ uint32_t terse__squant_absmax_avx2(const float *x, size_t n) {
 /* ---------------------------------------------------------------- encode */
 
 typedef struct {
-    __m256 scale, Lf, unit, absmask;
+    __m256 scale, Lf, unit, absmask, half; /* half: TERSE__SQUANT_NEAREST_DRAW */
     __m256i Li, iota_g, g8;
 } qconst;
 
@@ -82,13 +82,15 @@ static inline __m256i hash8(__m256i h) {
 }
 
 /* Codes l + L of eight elements, as 32-bit lanes (see code_of in the
- * scalar reference for the same steps). */
-static inline __m256i quant8(__m256 x, __m256i h, const qconst *k) {
+ * scalar reference for the same steps). `nearest` is a constant after
+ * inlining: the nearest variant has no hash in it. */
+static inline __m256i quant8(__m256 x, __m256i h, int nearest, const qconst *k) {
     __m256 u = _mm256_mul_ps(_mm256_div_ps(_mm256_and_ps(x, k->absmask), k->scale), k->Lf);
     u = _mm256_min_ps(u, k->Lf); /* NaN -> Lf */
     __m256i f = _mm256_cvttps_epi32(u);
     __m256 frac = _mm256_sub_ps(u, _mm256_cvtepi32_ps(f));
-    __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hash8(h), 8)), k->unit);
+    __m256 r = nearest ? k->half
+                       : _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hash8(h), 8)), k->unit);
     __m256i up = _mm256_castps_si256(_mm256_cmp_ps(r, frac, _CMP_LT_OQ)); /* -1 or 0 */
     __m256i l = _mm256_sub_epi32(f, up);
     __m256i s = _mm256_srai_epi32(_mm256_castps_si256(x), 31); /* -1 if sign bit */
@@ -97,15 +99,16 @@ static inline __m256i quant8(__m256 x, __m256i h, const qconst *k) {
 }
 
 /* Codes of 32 elements starting at bucket index j0, as 32 bytes in order. */
-static inline __m256i quant32(const float *x, uint32_t j0, uint32_t subkey, const qconst *k) {
+static inline __m256i quant32(const float *x, uint32_t j0, uint32_t subkey, int nearest,
+                              const qconst *k) {
     __m256i h0 = _mm256_add_epi32(_mm256_set1_epi32((int)(subkey + j0 * GOLDEN)), k->iota_g);
     __m256i h1 = _mm256_add_epi32(h0, k->g8);
     __m256i h2 = _mm256_add_epi32(h1, k->g8);
     __m256i h3 = _mm256_add_epi32(h2, k->g8);
-    __m256i c0 = quant8(_mm256_loadu_ps(x), h0, k);
-    __m256i c1 = quant8(_mm256_loadu_ps(x + 8), h1, k);
-    __m256i c2 = quant8(_mm256_loadu_ps(x + 16), h2, k);
-    __m256i c3 = quant8(_mm256_loadu_ps(x + 24), h3, k);
+    __m256i c0 = quant8(_mm256_loadu_ps(x), h0, nearest, k);
+    __m256i c1 = quant8(_mm256_loadu_ps(x + 8), h1, nearest, k);
+    __m256i c2 = quant8(_mm256_loadu_ps(x + 16), h2, nearest, k);
+    __m256i c3 = quant8(_mm256_loadu_ps(x + 24), h3, nearest, k);
     /* packs interleave 128-bit halves; the permute restores element order */
     __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
     return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -138,10 +141,10 @@ static inline void emit32(__m256i b, unsigned bits, uint8_t *out) {
 }
 
 static inline void encode_body(const float *x, size_t n, unsigned bits, uint32_t subkey,
-                               const qconst *k, uint8_t *out) {
+                               int nearest, const qconst *k, uint8_t *out) {
     size_t j = 0;
     for (; j + 32 <= n; j += 32)
-        emit32(quant32(x + j, (uint32_t)j, subkey, k), bits, out + j / 8 * bits);
+        emit32(quant32(x + j, (uint32_t)j, subkey, nearest, k), bits, out + j / 8 * bits);
     if (j < n) { /* zero-padded copy; padding codes are zeroed so spare bits stay 0 */
         static const int8_t ones[64] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                         -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
@@ -151,30 +154,41 @@ static inline void encode_body(const float *x, size_t n, unsigned bits, uint32_t
         uint8_t packed[32];
         memcpy(pad, x + j, m * sizeof(float));
         __m256i keep = _mm256_loadu_si256((const __m256i *)(ones + 32 - m));
-        __m256i b = _mm256_and_si256(quant32(pad, (uint32_t)j, subkey, k), keep);
+        __m256i b = _mm256_and_si256(quant32(pad, (uint32_t)j, subkey, nearest, k), keep);
         emit32(b, bits, packed);
         memcpy(out + j / 8 * bits, packed, (m * bits + 7) / 8);
     }
 }
 
 void terse__squant_encode_avx2(const float *x, size_t n, float scale, unsigned bits,
-                               uint32_t subkey, uint8_t *out) {
+                               uint32_t subkey, int nearest, uint8_t *out) {
     const int L = (1 << (bits - 1)) - 1;
     qconst k;
     k.scale = _mm256_set1_ps(scale);
     k.Lf = _mm256_set1_ps((float)L);
     k.unit = _mm256_set1_ps(1.0f / 16777216.0f);
     k.absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    k.half = _mm256_set1_ps(TERSE__SQUANT_NEAREST_DRAW);
     k.Li = _mm256_set1_epi32(L);
     k.iota_g = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                   _mm256_set1_epi32((int)GOLDEN));
     k.g8 = _mm256_set1_epi32((int)(8u * GOLDEN));
-    /* Constant widths let the compiler drop the emit32 branches. */
+    /* Constant widths let the compiler drop the emit32 branches, and a
+     * constant mode the hashes. */
+    if (nearest) {
+        switch (bits) {
+        case 8: encode_body(x, n, 8, 0, 1, &k, out); break;
+        case 4: encode_body(x, n, 4, 0, 1, &k, out); break;
+        case 2: encode_body(x, n, 2, 0, 1, &k, out); break;
+        default: encode_body(x, n, bits, 0, 1, &k, out); break;
+        }
+        return;
+    }
     switch (bits) {
-    case 8: encode_body(x, n, 8, subkey, &k, out); break;
-    case 4: encode_body(x, n, 4, subkey, &k, out); break;
-    case 2: encode_body(x, n, 2, subkey, &k, out); break;
-    default: encode_body(x, n, bits, subkey, &k, out); break;
+    case 8: encode_body(x, n, 8, subkey, 0, &k, out); break;
+    case 4: encode_body(x, n, 4, subkey, 0, &k, out); break;
+    case 2: encode_body(x, n, 2, subkey, 0, &k, out); break;
+    default: encode_body(x, n, bits, subkey, 0, &k, out); break;
     }
 }
 

@@ -50,7 +50,7 @@ uint32_t terse__squant_absmax_avx512(const float *x, size_t n) {
 /* ---------------------------------------------------------------- encode */
 
 typedef struct {
-    __m512 scale, Lf, unit;
+    __m512 scale, Lf, unit, half; /* half: TERSE__SQUANT_NEAREST_DRAW */
     __m512i Li, iota_g, g16, absmask, one;
 } qconst;
 
@@ -62,14 +62,17 @@ static inline __m512i hash16(__m512i h) {
     return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
 }
 
-static inline __m512i quant16(__m512 x, __m512i h, const qconst *k) {
+/* `nearest` is a constant after inlining: that variant has no hash. */
+static inline __m512i quant16(__m512 x, __m512i h, int nearest, const qconst *k) {
     __m512i xi = _mm512_castps_si512(x);
     __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(xi, k->absmask));
     __m512 u = _mm512_mul_ps(_mm512_div_ps(ax, k->scale), k->Lf);
     u = _mm512_min_ps(u, k->Lf); /* NaN -> Lf */
     __m512i f = _mm512_cvttps_epi32(u);
     __m512 frac = _mm512_sub_ps(u, _mm512_cvtepi32_ps(f));
-    __m512 r = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(hash16(h), 8)), k->unit);
+    __m512 r = nearest
+                   ? k->half
+                   : _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(hash16(h), 8)), k->unit);
     __m512i l = _mm512_mask_add_epi32(f, _mm512_cmp_ps_mask(r, frac, _CMP_LT_OQ), f, k->one);
     l = _mm512_mask_sub_epi32(l, _mm512_movepi32_mask(xi), _mm512_setzero_si512(), l);
     return _mm512_add_epi32(l, k->Li);
@@ -78,12 +81,12 @@ static inline __m512i quant16(__m512 x, __m512i h, const qconst *k) {
 /* Codes of 64 elements starting at bucket index j0, as 64 bytes in order;
  * lanes whose bit in `keep` is clear read +0 and give code 0. */
 static inline __m512i quant64(const float *x, uint32_t j0, uint32_t subkey, uint64_t keep,
-                              const qconst *k) {
+                              int nearest, const qconst *k) {
     __m512i h = _mm512_add_epi32(_mm512_set1_epi32((int)(subkey + j0 * GOLDEN)), k->iota_g);
     __m512i c[4];
     for (int i = 0; i < 4; i++) {
         __m512 v = _mm512_maskz_loadu_ps((__mmask16)(keep >> (16 * i)), x + 16 * i);
-        c[i] = quant16(v, h, k);
+        c[i] = quant16(v, h, nearest, k);
         h = _mm512_add_epi32(h, k->g16);
     }
     __m512i b = _mm512_packus_epi16(_mm512_packs_epi32(c[0], c[1]), _mm512_packs_epi32(c[2], c[3]));
@@ -115,25 +118,28 @@ static inline void emit64(__m512i b, unsigned bits, uint8_t *out) {
 }
 
 static inline void encode_body(const float *x, size_t n, unsigned bits, uint32_t subkey,
-                               const qconst *k, uint8_t *out) {
+                               int nearest, const qconst *k, uint8_t *out) {
     size_t j = 0;
     for (; j + 64 <= n; j += 64)
-        emit64(quant64(x + j, (uint32_t)j, subkey, ~(uint64_t)0, k), bits, out + j / 8 * bits);
+        emit64(quant64(x + j, (uint32_t)j, subkey, ~(uint64_t)0, nearest, k), bits,
+               out + j / 8 * bits);
     if (j < n) {
         size_t m = n - j;
         uint8_t packed[64];
-        emit64(quant64(x + j, (uint32_t)j, subkey, ((uint64_t)1 << m) - 1, k), bits, packed);
+        emit64(quant64(x + j, (uint32_t)j, subkey, ((uint64_t)1 << m) - 1, nearest, k), bits,
+               packed);
         memcpy(out + j / 8 * bits, packed, (m * bits + 7) / 8);
     }
 }
 
 void terse__squant_encode_avx512(const float *x, size_t n, float scale, unsigned bits,
-                                 uint32_t subkey, uint8_t *out) {
+                                 uint32_t subkey, int nearest, uint8_t *out) {
     const int L = (1 << (bits - 1)) - 1;
     qconst k;
     k.scale = _mm512_set1_ps(scale);
     k.Lf = _mm512_set1_ps((float)L);
     k.unit = _mm512_set1_ps(1.0f / 16777216.0f);
+    k.half = _mm512_set1_ps(TERSE__SQUANT_NEAREST_DRAW);
     k.Li = _mm512_set1_epi32(L);
     k.iota_g = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -141,11 +147,20 @@ void terse__squant_encode_avx512(const float *x, size_t n, float scale, unsigned
     k.g16 = _mm512_set1_epi32((int)(16u * GOLDEN));
     k.absmask = _mm512_set1_epi32(0x7fffffff);
     k.one = _mm512_set1_epi32(1);
+    if (nearest) { /* constant mode: no hashes in this variant */
+        switch (bits) {
+        case 8: encode_body(x, n, 8, 0, 1, &k, out); break;
+        case 4: encode_body(x, n, 4, 0, 1, &k, out); break;
+        case 2: encode_body(x, n, 2, 0, 1, &k, out); break;
+        default: encode_body(x, n, bits, 0, 1, &k, out); break;
+        }
+        return;
+    }
     switch (bits) {
-    case 8: encode_body(x, n, 8, subkey, &k, out); break;
-    case 4: encode_body(x, n, 4, subkey, &k, out); break;
-    case 2: encode_body(x, n, 2, subkey, &k, out); break;
-    default: encode_body(x, n, bits, subkey, &k, out); break;
+    case 8: encode_body(x, n, 8, subkey, 0, &k, out); break;
+    case 4: encode_body(x, n, 4, subkey, 0, &k, out); break;
+    case 2: encode_body(x, n, 2, subkey, 0, &k, out); break;
+    default: encode_body(x, n, bits, subkey, 0, &k, out); break;
     }
 }
 

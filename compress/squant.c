@@ -1,6 +1,6 @@
-/* The bucket loop of stochastic quantization (layout in squant.h): scale
- * per bucket, special buckets, least-squares rescaling, and decode-side
- * validation. The per-element work is in squant_kernels.c and its SIMD
+/* The bucket loop of stochastic or nearest quantization (layout in
+ * squant.h): scale per bucket, special buckets, least-squares rescaling,
+ * and decode-side validation. The per-element work is in squant_kernels.c and its SIMD
  * siblings. */
 #include "compress/squant.h"
 
@@ -15,11 +15,14 @@
 
 #define QNAN_BITS 0x7fc00000u
 
+const char *const terse__squant_rounding[] = {"stochastic", "nearest", NULL};
+
 void terse__squant_init(terse__squant *q, const char *name, size_t n, size_t bucket, unsigned bits,
-                        terse__squant_scale scale, int lsq) {
+                        terse__squant_scale scale, int lsq, int nearest) {
     q->name = name;
     q->scale = scale;
     q->lsq = lsq != 0;
+    q->nearest = nearest != 0;
     q->bits = bits;
     q->levels = (1u << (bits - 1)) - 1;
     q->n = n;
@@ -127,7 +130,7 @@ void terse__squant_encode(const terse__squant *q, const terse_encode_ctx *ctx, c
             terse__put_f32(payload + 4 * b, 0.0f);
             fill_zero_levels(out, len, q->bits, q->levels);
         } else {
-            k->encode(xb, len, s, q->bits, terse__rng_subkey(key, b), out);
+            k->encode(xb, len, s, q->bits, terse__rng_subkey(key, b), q->nearest, out);
             if (q->lsq) s = lsq_scale(k, xb, len, out, q->bits, q->levels, s);
             terse__put_f32(payload + 4 * b, s);
         }

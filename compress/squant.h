@@ -1,7 +1,8 @@
-/* Bucketed stochastic quantization to 2L+1 symmetric levels: the engine
- * shared by qsgd (scale = L2 norm of the bucket, L = 2^(bits-1) - 1) and
- * terngrad (scale = max |x| of the bucket, bits = 2 so L = 1). A codec file
- * parses its spec and hands the rest to these three calls.
+/* Bucketed quantization to 2L+1 symmetric levels, stochastic or to
+ * nearest: the engine shared by qsgd (scale = L2 norm of the bucket,
+ * L = 2^(bits-1) - 1) and terngrad (scale = max |x| of the bucket,
+ * bits = 2 so L = 1). A codec file parses its spec and hands the rest to
+ * these three calls.
  *
  * Payload (all little endian), for nb = ceil(n / B) buckets, the last one
  * holding n - (nb-1)*B elements:
@@ -17,9 +18,21 @@
  * terse__rng_key(seed, step, tensor, rank), where s_b is the bucket's
  * norm (L2 or max). Unbiased up to the 24-bit resolution of that draw.
  *
- * Least-squares rescaling (lsq): the levels are drawn as above, then the
- * scale sent is not s_b but the one that brings the decoded bucket closest
- * to x for those levels,
+ * Nearest rounding (round=nearest): the same computation with every draw
+ * replaced by one constant just below 1/2, so the level is floor(u + 1/2)
+ * (ties up; squant_kernels.h), and the seed and stream are not used.
+ * Biased, but |u - l| <= min(u, 1/2) for every element: with the bucket's
+ * own scale it never moves an element further from x than 0 would, and
+ * it adds no variance. Error feedback wants exactly that: the residual
+ * already carries each step's rounding error to the next, so the noise of
+ * stochastic rounding buys nothing there (measured: qsgd 4-bit with ef=1
+ * on a Fashion-MNIST MLP, 75% accuracy with stochastic rounding against
+ * 79.6% with nearest, both with lsq). The codecs default to it with ef=1.
+ * The message format is the same: the decoder cannot tell the modes apart.
+ *
+ * Least-squares rescaling (lsq): the levels are drawn (or rounded) as
+ * above, then the scale sent is not s_b but the one that brings the
+ * decoded bucket closest to x for those levels,
  *     scale_b = L * sum_j x_j l_j / sum_j l_j^2
  * in double, rounded to fp32 (and capped at FLT_MAX), when some level is
  * nonzero; else s_b, which no level uses. Every l_j has the sign of x_j,
@@ -54,17 +67,24 @@ typedef struct terse__squant {
     terse__squant_scale scale;
     unsigned bits, levels; /* levels = L */
     int lsq;               /* least-squares scales (above) */
+    int nearest;           /* round to the nearest level, not stochastically */
     size_t n, bucket, nbuckets, last; /* last: elements in the last bucket */
     size_t stride;                    /* code bytes of a full bucket */
     size_t payload;                   /* exact payload bytes */
 } terse__squant;
 
-/* Lay out a codec for n >= 1 elements, buckets of `bucket` >= 1 (< 2^32)
- * elements, bits in [2, 8]; lsq nonzero for least-squares scales. */
-void terse__squant_init(terse__squant *q, const char *name, size_t n, size_t bucket, unsigned bits,
-                        terse__squant_scale scale, int lsq);
+/* The words of the round= option, indexed by terse__squant.nearest:
+ * {"stochastic", "nearest", NULL}, for terse__spec_get_choice. */
+extern const char *const terse__squant_rounding[];
 
-/* Write exactly q->payload bytes. */
+/* Lay out a codec for n >= 1 elements, buckets of `bucket` >= 1 (< 2^32)
+ * elements, bits in [2, 8]; lsq nonzero for least-squares scales, nearest
+ * nonzero for nearest rounding. */
+void terse__squant_init(terse__squant *q, const char *name, size_t n, size_t bucket, unsigned bits,
+                        terse__squant_scale scale, int lsq, int nearest);
+
+/* Write exactly q->payload bytes. With nearest rounding ctx's seed and
+ * stream do not matter: the same x gives the same bytes at every step. */
 void terse__squant_encode(const terse__squant *q, const terse_encode_ctx *ctx, const float *x,
                           uint8_t *payload);
 

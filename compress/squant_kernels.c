@@ -37,8 +37,7 @@ uint32_t terse__squant_absmax_scalar(const float *x, size_t n) {
     return m;
 }
 
-static inline unsigned code_of(float x, float scale, int L, float Lf, uint32_t subkey,
-                               uint32_t j) {
+static inline unsigned code_of(float x, float scale, int L, float Lf, float r) {
     uint32_t xb;
     memcpy(&xb, &x, 4);
     float ax;
@@ -48,21 +47,24 @@ static inline unsigned code_of(float x, float scale, int L, float Lf, uint32_t s
     u = u < Lf ? u : Lf; /* NaN -> Lf, as MINPS does */
     int f = (int)u;      /* u in [0, L]: truncation is floor, and defined */
     float frac = u - (float)f;
-    float r = terse__rng_unit(terse__rng_u32(subkey, j));
     int l = f + (r < frac);
     if (xb >> 31) l = -l;
     return (unsigned)(l + L);
 }
 
-void terse__squant_encode_scalar(const float *x, size_t n, float scale, unsigned bits,
-                                 uint32_t subkey, uint8_t *out) {
+/* One loop for both modes; `nearest` is a constant at each call below, so
+ * the nearest loop computes no draws. */
+static inline void encode_body(const float *x, size_t n, float scale, unsigned bits,
+                               uint32_t subkey, int nearest, uint8_t *out) {
     const int L = (1 << (bits - 1)) - 1;
     const float Lf = (float)L;
     uint64_t acc = 0;
     unsigned have = 0;
     size_t o = 0;
     for (size_t j = 0; j < n; j++) {
-        acc |= (uint64_t)code_of(x[j], scale, L, Lf, subkey, (uint32_t)j) << have;
+        float r = nearest ? TERSE__SQUANT_NEAREST_DRAW
+                          : terse__rng_unit(terse__rng_u32(subkey, (uint32_t)j));
+        acc |= (uint64_t)code_of(x[j], scale, L, Lf, r) << have;
         have += bits;
         while (have >= 8) {
             out[o++] = (uint8_t)acc;
@@ -71,6 +73,14 @@ void terse__squant_encode_scalar(const float *x, size_t n, float scale, unsigned
         }
     }
     if (have) out[o] = (uint8_t)acc;
+}
+
+void terse__squant_encode_scalar(const float *x, size_t n, float scale, unsigned bits,
+                                 uint32_t subkey, int nearest, uint8_t *out) {
+    if (nearest)
+        encode_body(x, n, scale, bits, 0, 1, out);
+    else
+        encode_body(x, n, scale, bits, subkey, 0, out);
 }
 
 int terse__squant_decode_scalar(const uint8_t *in, size_t n, unsigned bits, float step,

@@ -40,16 +40,28 @@ uint32_t terse__squant_absmax_scalar(const float *x, size_t n);
  *     u    = (|x| / scale) * Lf;  u = (u < Lf) ? u : Lf   (MINPS semantics:
  *            a NaN u becomes Lf)
  *     f    = (int)u;  frac = u - (float)f
- *     r    = (float)(terse__rng_u32(subkey, j) >> 8) * 2^-24
+ *     r    = (float)(terse__rng_u32(subkey, j) >> 8) * 2^-24   (stochastic)
+ *            TERSE__SQUANT_NEAREST_DRAW                         (nearest)
  *     l    = f + (r < frac);  negated when the sign bit of x is set
  *     code = l + L
+ * nearest (nonzero) replaces every draw by one constant, so subkey is not
+ * used and the kernels compute no hashes. frac is exact (u - floor(u) is),
+ * so "r < frac" with that r is "frac >= 1/2", and l = floor(u + 1/2) in
+ * exact arithmetic on u: round half up; never above L, since f = L leaves
+ * frac = 0.
  * Meant for finite x and finite scale > 0 with |x| <= scale, but defined
  * for any x when scale is > 0, +0, +Inf or NaN (u is then NaN, +Inf or 0,
  * and the clamp keeps the integer conversion in range). bits in [2, 8];
  * n < 2^32.
  */
 void terse__squant_encode_scalar(const float *x, size_t n, float scale, unsigned bits,
-                                 uint32_t subkey, uint8_t *out);
+                                 uint32_t subkey, int nearest, uint8_t *out);
+
+/* The draw of nearest rounding: the largest float below 1/2, so that ties
+ * (frac exactly 1/2) round up, as floor(u + 1/2) does; plain 0.5f with the
+ * strict "<" would round them down. No stochastic draw (a multiple of
+ * 2^-24) takes this value. */
+#define TERSE__SQUANT_NEAREST_DRAW 0x1.fffffep-2f
 
 /*
  * decode: read the ceil(n*bits/8) code bytes at in; for each element
@@ -66,14 +78,14 @@ int terse__squant_decode_scalar(const uint8_t *in, size_t n, unsigned bits, floa
 double terse__squant_sumsq_avx2(const float *x, size_t n);
 uint32_t terse__squant_absmax_avx2(const float *x, size_t n);
 void terse__squant_encode_avx2(const float *x, size_t n, float scale, unsigned bits,
-                               uint32_t subkey, uint8_t *out);
+                               uint32_t subkey, int nearest, uint8_t *out);
 int terse__squant_decode_avx2(const uint8_t *in, size_t n, unsigned bits, float step, float alpha,
                               int accumulate, float *dst);
 
 double terse__squant_sumsq_avx512(const float *x, size_t n);
 uint32_t terse__squant_absmax_avx512(const float *x, size_t n);
 void terse__squant_encode_avx512(const float *x, size_t n, float scale, unsigned bits,
-                                 uint32_t subkey, uint8_t *out);
+                                 uint32_t subkey, int nearest, uint8_t *out);
 int terse__squant_decode_avx512(const uint8_t *in, size_t n, unsigned bits, float step,
                                 float alpha, int accumulate, float *dst);
 #endif
@@ -85,7 +97,7 @@ typedef struct terse__squant_kernels {
     double (*sumsq)(const float *x, size_t n);
     uint32_t (*absmax)(const float *x, size_t n);
     void (*encode)(const float *x, size_t n, float scale, unsigned bits, uint32_t subkey,
-                   uint8_t *out);
+                   int nearest, uint8_t *out);
     int (*decode)(const uint8_t *in, size_t n, unsigned bits, float step, float alpha,
                   int accumulate, float *dst);
 } terse__squant_kernels;

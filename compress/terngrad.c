@@ -9,25 +9,35 @@
  * signs: the mean |x| over the elements kept (squant.h). Biased, but a
  * contraction, which error feedback needs and TernGrad's unbiased
  * rounding is not (its variance sum |x|(s - |x|) exceeds ||x||^2 on
- * Gaussian buckets of the default 512). Default 1 with ef=1, else 0. */
+ * Gaussian buckets of the default 512). Default 1 with ef=1, else 0.
+ *
+ * round=nearest keeps an element (as s * sign(x)) when |x| >= s / 2 and
+ * drops it otherwise, instead of drawing: biased and deterministic, which
+ * suits error feedback, whose residual carries the rounding error anyway
+ * (squant.h). Default nearest with ef=1, else stochastic; same format. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "common/error.h"
 #include "compress/codec_internal.h"
+#include "compress/spec.h"
 #include "compress/squant.h"
 
 static terse_status terngrad_create(terse_spec *spec, size_t rows, size_t cols, void **self,
                                     char *canon, size_t canon_cap) {
     uint64_t bucket, lsq;
+    unsigned nearest;
+    int ef = terse_spec_error_feedback(spec);
     TERSE_CHECK(terse_spec_get_u64(spec, "bucket", 512, 8, (uint64_t)1 << 24, &bucket));
+    TERSE_CHECK(terse_spec_get_u64(spec, "lsq", ef ? 1 : 0, 0, 1, &lsq));
     TERSE_CHECK(
-        terse_spec_get_u64(spec, "lsq", terse_spec_error_feedback(spec) ? 1 : 0, 0, 1, &lsq));
+        terse__spec_get_choice(spec, "round", ef ? 1 : 0, terse__squant_rounding, &nearest));
     terse__squant *q = malloc(sizeof *q);
     if (!q) return TERSE_ERROR(TERSE_ERR_NOMEM, "allocating codec 'terngrad'");
     terse__squant_init(q, "terngrad", rows * cols, (size_t)bucket, 2, TERSE_SQUANT_ABSMAX,
-                       (int)lsq);
-    snprintf(canon, canon_cap, "bucket=%zu,lsq=%d", q->bucket, q->lsq);
+                       (int)lsq, (int)nearest);
+    snprintf(canon, canon_cap, "bucket=%zu,lsq=%d,round=%s", q->bucket, q->lsq,
+             terse__squant_rounding[q->nearest]);
     *self = q;
     return TERSE_OK;
 }

@@ -149,7 +149,7 @@ TERSE_API const char *terse_last_error(void);
  *                         default 512. 8 + 32/B bits. |error| <= s/2
  *                         (up to fp32 rounding). A bucket holding Inf or
  *                         NaN decodes to all NaN.
- *   qsgd:bits=b,bucket=B,lsq=0|1
+ *   qsgd:bits=b,bucket=B,lsq=0|1,round=stochastic|nearest
  *                         QSGD. Per bucket: norm ||x||_2 (fp32); each
  *                         element is stochastically rounded to one of 2^b - 1
  *                         symmetric levels {-L..L}/L * norm, L = 2^(b-1)-1,
@@ -165,12 +165,23 @@ TERSE_API const char *terse_last_error(void);
  *                         contraction, which is what error feedback wants.
  *                         Same message size and format; any qsgd codec of
  *                         the shape decodes either. Default: lsq=0, or 1
- *                         when ef=1. b in [2, 8] (default 4), B in [8,
+ *                         when ef=1.
+ *                         round=nearest replaces the stochastic rounding by
+ *                         rounding to the nearest level (ties up): no
+ *                         draws, so messages do not depend on seed or
+ *                         step; biased, but each element's error is at
+ *                         most min(|x|, norm/(2L)) (up to fp32 rounding),
+ *                         and it adds no variance. Error feedback carries the rounding
+ *                         error to the next step anyway, so there the
+ *                         stochastic noise only costs accuracy (4 points
+ *                         on a Fashion-MNIST MLP at 4 bits). Default:
+ *                         stochastic, or nearest when ef=1. Format
+ *                         unchanged. b in [2, 8] (default 4), B in [8,
  *                         2^24] (default 512). A bucket holding Inf or NaN,
  *                         or whose norm overflows fp32, decodes to NaN
  *                         throughout; other buckets are unaffected.
  *                         Accepts seed=.
- *   terngrad:bucket=B,lsq=0|1
+ *   terngrad:bucket=B,lsq=0|1,round=stochastic|nearest
  *                         TernGrad. Per bucket: scale s = max|x| (fp32); each
  *                         element becomes s*sign(x) with probability |x|/s,
  *                         else 0: unbiased, 2 bits packed. Not a
@@ -181,7 +192,12 @@ TERSE_API const char *terse_last_error(void);
  *                         mean |x| of the elements kept (the least-squares
  *                         scale): biased, a contraction per bucket, for
  *                         error feedback; format unchanged. Default: lsq=0,
- *                         or 1 when ef=1. B in [8, 2^24], default 512.
+ *                         or 1 when ef=1.
+ *                         round=nearest keeps an element exactly when
+ *                         |x| >= s/2, instead of drawing: biased,
+ *                         deterministic, for error feedback, as in qsgd.
+ *                         Default: stochastic, or nearest when ef=1.
+ *                         B in [8, 2^24], default 512.
  *                         Inf/NaN buckets decode to NaN, as in qsgd.
  *                         Accepts seed=.
  *   sign:bucket=B         scaled sign (EF-signSGD's compressor): 1 bit per
@@ -272,7 +288,8 @@ TERSE_API size_t terse_codec_bound(const terse_codec *codec);
 TERSE_API size_t terse_codec_elements(const terse_codec *codec);
 
 /* The canonical spec of the codec, every option spelled out (e.g.
- * "qsgd:bits=4,bucket=512,lsq=0,ef=0,seed=0"). Owned by the codec. */
+ * "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,ef=0,seed=0"). Owned by
+ * the codec. */
 TERSE_API const char *terse_codec_spec(const terse_codec *codec);
 
 /*

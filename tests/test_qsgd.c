@@ -45,7 +45,8 @@ static size_t payload_size(size_t n, size_t B, unsigned bits) {
 
 Test(qsgd, canonical_spec_traits_and_exact_bound) {
     terse_codec *c = make("qsgd", 1000);
-    cr_expect_str_eq(terse_codec_spec(c), "qsgd:bits=4,bucket=512,lsq=0,ef=0,seed=0");
+    cr_expect_str_eq(terse_codec_spec(c),
+                     "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,ef=0,seed=0");
     cr_expect_eq(terse_codec_bound(c), 32 + payload_size(1000, 512, 4));
     terse_codec_traits t = TERSE_CODEC_TRAITS_INIT;
     cr_assert_eq(terse_codec_get_traits(c, &t), TERSE_OK);
@@ -59,7 +60,8 @@ Test(qsgd, canonical_spec_traits_and_exact_bound) {
     free(msg);
     terse_codec_free(c);
     c = make("qsgd:bits=7,bucket=100,seed=9", 1000);
-    cr_expect_str_eq(terse_codec_spec(c), "qsgd:bits=7,bucket=100,lsq=0,ef=0,seed=9");
+    cr_expect_str_eq(terse_codec_spec(c),
+                     "qsgd:bits=7,bucket=100,lsq=0,round=stochastic,ef=0,seed=9");
     terse_codec_free(c);
 }
 
@@ -74,6 +76,10 @@ Test(qsgd, bad_specs_are_invalid_and_name_the_token) {
     tu_expect_bad_spec("qsgd:lsq=2", "lsq=2");
     tu_expect_bad_spec("qsgd:lsq=x", "lsq=x");
     tu_expect_bad_spec("qsgd:ef=1,lsq=-1", "lsq=-1");
+    tu_expect_bad_spec("qsgd:round=up", "round=up");
+    tu_expect_bad_spec("qsgd:round=", "round=");
+    tu_expect_bad_spec("qsgd:ef=1,round=Nearest", "round=Nearest");
+    tu_expect_bad_spec("qsgd:round=nearest,round=stochastic", "round");
 }
 
 /* ------------------------------------------------------------ statistics */
@@ -282,7 +288,7 @@ Test(qsgd, message_is_the_documented_layout_of_scalar_reference_codes) {
             terse__put_f32(want + 4 * b, norm);
             if (norm > 0) {
                 uint32_t sub = terse__rng_subkey(key, b);
-                terse__squant_encode_scalar(x + lo, blen, norm, bits, sub, out);
+                terse__squant_encode_scalar(x + lo, blen, norm, bits, sub, 0, out);
             } else { /* level 0 everywhere: code L */
                 for (size_t j = 0; j < blen; j++)
                     for (unsigned k = 0; k < bits; k++)
@@ -406,7 +412,7 @@ Test(qsgd, same_seed_gives_same_bytes_and_each_stream_key_changes_the_draws) {
 typedef struct {
     const char *name;
     double (*sumsq)(const float *, size_t);
-    void (*encode)(const float *, size_t, float, unsigned, uint32_t, uint8_t *);
+    void (*encode)(const float *, size_t, float, unsigned, uint32_t, int, uint8_t *);
     int (*decode)(const uint8_t *, size_t, unsigned, float, float, int, float *);
 } level;
 
@@ -425,7 +431,8 @@ static size_t simd_levels(level *out) {
     return k;
 }
 
-/* One bucket through every kernel at every width; bitwise against scalar. */
+/* One bucket through every kernel at every width, in both rounding modes;
+ * bitwise against scalar. */
 static void compare_kernels(const float *x, size_t n, float scale, float step, float alpha) {
     level lv[2];
     size_t nl = simd_levels(lv);
@@ -440,13 +447,16 @@ static void compare_kernels(const float *x, size_t n, float scale, float step, f
     }
     for (unsigned bits = 2; bits <= 8; bits++) {
         size_t nbytes = (n * bits + 7) / 8;
-        memset(ref, 0xa5, cap);
-        terse__squant_encode_scalar(x, n, scale, bits, 0x1234567u, ref);
-        for (size_t l = 0; l < nl; l++) {
-            memset(got, 0xa5, cap);
-            lv[l].encode(x, n, scale, bits, 0x1234567u, got);
-            cr_assert_eq(memcmp(ref, got, cap), 0, "%s encode n=%zu bits=%u scale=%a", lv[l].name,
-                         n, bits, (double)scale);
+        for (int nearest = 1; nearest >= 0; nearest--) { /* ref keeps the stochastic codes */
+            memset(ref, 0xa5, cap);
+            terse__squant_encode_scalar(x, n, scale, bits, 0x1234567u, nearest, ref);
+            for (size_t l = 0; l < nl; l++) {
+                memset(got, 0xa5, cap);
+                lv[l].encode(x, n, scale, bits, 0x1234567u, nearest, got);
+                cr_assert_eq(memcmp(ref, got, cap), 0,
+                             "%s encode n=%zu bits=%u scale=%a nearest=%d", lv[l].name, n, bits,
+                             (double)scale, nearest);
+            }
         }
         /* Decode the scalar codes (for short inputs scrambled, so that
          * invalid codes and nonzero spare bits occur), with and without
@@ -511,7 +521,7 @@ Test(qsgd, simd_kernels_break_ties_between_draw_and_fraction_like_scalar) {
     for (size_t j = 0; j < N; j++)
         x[j] = (j & 1 ? -1.0f : 1.0f) * terse__rng_unit(terse__rng_u32(0x1234567u, (uint32_t)j));
     uint8_t codes[(N * 2 + 7) / 8];
-    terse__squant_encode_scalar(x, N, 1.0f, 2, 0x1234567u, codes);
+    terse__squant_encode_scalar(x, N, 1.0f, 2, 0x1234567u, 0, codes);
     for (size_t j = 0; j < N; j++)
         cr_assert_eq((codes[j / 4] >> (2 * (j % 4))) & 3, 1, "element %zu rounded up on a tie", j);
     compare_kernels(x, N, 1.0f, 1.0f, 1.0f);
@@ -519,12 +529,16 @@ Test(qsgd, simd_kernels_break_ties_between_draw_and_fraction_like_scalar) {
 
 /* ------------------------------------------------------------ lsq */
 
-Test(qsgd, lsq_is_on_by_default_only_with_ef_and_is_in_the_canonical_spec) {
+/* lsq=1 and round=nearest are the defaults with ef=1 only, each can be
+ * set either way, and the canonical spec spells both out. */
+Test(qsgd, lsq_and_nearest_are_the_defaults_only_with_ef_and_are_in_the_canonical_spec) {
     const char *cases[][2] = {
-        {"qsgd", "qsgd:bits=4,bucket=512,lsq=0,ef=0,seed=0"},
-        {"qsgd:ef=1", "qsgd:bits=4,bucket=512,lsq=1,ef=1,seed=0"},
-        {"qsgd:ef=1,lsq=0", "qsgd:bits=4,bucket=512,lsq=0,ef=1,seed=0"},
-        {"qsgd:lsq=1,bits=3", "qsgd:bits=3,bucket=512,lsq=1,ef=0,seed=0"},
+        {"qsgd", "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,ef=0,seed=0"},
+        {"qsgd:ef=1", "qsgd:bits=4,bucket=512,lsq=1,round=nearest,ef=1,seed=0"},
+        {"qsgd:ef=1,lsq=0", "qsgd:bits=4,bucket=512,lsq=0,round=nearest,ef=1,seed=0"},
+        {"qsgd:lsq=1,bits=3", "qsgd:bits=3,bucket=512,lsq=1,round=stochastic,ef=0,seed=0"},
+        {"qsgd:ef=1,round=stochastic", "qsgd:bits=4,bucket=512,lsq=1,round=stochastic,ef=1,seed=0"},
+        {"qsgd:round=nearest,seed=4", "qsgd:bits=4,bucket=512,lsq=0,round=nearest,ef=0,seed=4"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         terse_codec *c = make(cases[k][0], 100);
@@ -533,23 +547,27 @@ Test(qsgd, lsq_is_on_by_default_only_with_ef_and_is_in_the_canonical_spec) {
     }
 }
 
-/* The default without ef is lsq=0, and lsq=0 is the unbiased encoder that
- * message_is_the_documented_layout_of_scalar_reference_codes pins down:
- * the same bytes as an explicit lsq=0, step after step. */
-Test(qsgd, without_ef_the_default_messages_are_the_lsq_0_messages) {
+/* The default without ef is lsq=0 with stochastic rounding, the unbiased
+ * encoder that message_is_the_documented_layout_of_scalar_reference_codes
+ * pins down: the same bytes as an explicit lsq=0,round=stochastic, step
+ * after step. With ef=1 the defaults are lsq=1,round=nearest. */
+Test(qsgd, the_default_messages_are_those_of_the_explicit_defaults) {
     enum { N = 1500 };
     static float x[N];
-    for (unsigned bits = 2; bits <= 8; bits += 2) {
-        char s0[64], s1[64];
-        snprintf(s0, sizeof s0, "qsgd:bits=%u,bucket=128,seed=8", bits);
-        snprintf(s1, sizeof s1, "qsgd:bits=%u,bucket=128,seed=8,lsq=0", bits);
+    for (unsigned v = 0; v < 8; v++) {
+        unsigned bits = 2 + 2 * (v % 4);
+        const char *ef = v < 4 ? "" : ",ef=1", *set = v < 4 ? "lsq=0,round=stochastic"
+                                                            : "lsq=1,round=nearest";
+        char s0[96], s1[96];
+        snprintf(s0, sizeof s0, "qsgd:bits=%u,bucket=128,seed=8%s", bits, ef);
+        snprintf(s1, sizeof s1, "qsgd:bits=%u,bucket=128,seed=8%s,%s", bits, ef, set);
         terse_codec *a = make(s0, N), *b = make(s1, N);
         for (uint64_t t = 0; t < 3; t++) {
             tu_fill_gauss(x, N, 40 + t);
             uint8_t *ma, *mb;
             size_t la = tu_encode(a, x, &ma), lb = tu_encode(b, x, &mb);
-            cr_assert(la == lb && memcmp(ma, mb, la) == 0, "bits=%u step %llu: messages differ",
-                      bits, (unsigned long long)t);
+            cr_assert(la == lb && memcmp(ma, mb, la) == 0, "%s step %llu: messages differ", s1,
+                      (unsigned long long)t);
             free(ma);
             free(mb);
         }
@@ -598,68 +616,79 @@ static void err_and_norm(const float *x, const float *y, size_t len, double *e2,
     }
 }
 
-/* With lsq=1 the levels are those lsq=0 draws (same seed and step: the
- * code bytes match), each scale is L <x,l> / ||l||^2 for them (recomputed
- * here from the wire, to fp32 rounding), and so every bucket contracts: ||x - D(C(x))|| <=
- * ||x||, and no worse than with the unbiased scale. At 2 bits the unbiased
- * scale breaks that bound, so the check can fail. */
-Test(qsgd, least_squares_scales_make_every_bucket_a_contraction) {
+/* With lsq=1 the levels are those lsq=0 draws or rounds (same seed, step
+ * and rounding mode: the code bytes match), each scale is L <x,l> / ||l||^2
+ * for them (recomputed here from the wire, to fp32 rounding), and so every
+ * bucket contracts: ||x - D(C(x))|| <= ||x||, and no worse than with the
+ * norm as scale. At 2 bits the unbiased scale breaks that bound, so the
+ * check can fail; nearest levels at the norm keep it (|u - l| <= u for
+ * each element), and least squares only improves on them. */
+static void check_lsq_contraction(unsigned bits, const char *round) {
     enum { N = 1000, B = 96, NB = 11, T = 6 };
     static float x[N], y0[N], y1[N], lev[B];
-    for (unsigned bits = 2; bits <= 8; bits++) {
-        unsigned L = (1u << (bits - 1)) - 1;
-        char s0[64], s1[64];
-        snprintf(s0, sizeof s0, "qsgd:bits=%u,bucket=%d,seed=5,lsq=0", bits, B);
-        snprintf(s1, sizeof s1, "qsgd:bits=%u,bucket=%d,seed=5,lsq=1", bits, B);
-        terse_codec *c0 = make(s0, N), *c1 = make(s1, N);
-        double worst0 = 0, worst1 = 0;
-        for (uint64_t t = 0; t < T; t++) {
-            lsq_input(x, N, B, 60 + t);
-            uint8_t *m0, *m1;
-            size_t len = tu_encode(c0, x, &m0), codes = 32 + 4 * NB;
-            cr_assert_eq(tu_encode(c1, x, &m1), len, "lsq changes the message size");
-            cr_assert_eq(memcmp(m0 + codes, m1 + codes, len - codes), 0,
-                         "bits=%u: lsq changed the levels", bits);
-            cr_assert_eq(terse_decode(c0, m0, len, y0, 1.0f, 0), TERSE_OK);
-            cr_assert_eq(terse_decode(c1, m1, len, y1, 1.0f, 0), TERSE_OK);
-            for (size_t b = 0; b < NB; b++) {
-                size_t lo = b * B, blen = b + 1 == NB ? N - lo : B;
-                float sc0 = wire_scale(m0, b), sc1 = wire_scale(m1, b);
-                if (sc0 == 0 || isnan(sc0)) { /* special buckets are left alone */
-                    cr_assert_eq(f2u(sc1), f2u(sc0), "bits=%u bucket %zu", bits, b);
-                    continue;
-                }
-                wire_levels(m1, N, B, bits, b, lev);
-                double dot = 0, sq = 0;
-                for (size_t j = 0; j < blen; j++) {
-                    dot += (double)x[lo + j] * lev[j];
-                    sq += (double)lev[j] * lev[j];
-                }
-                /* to one fp32 ulp: the codec sums in another order */
-                double want = sq > 0 ? L * dot / sq : sc0;
-                cr_assert(fabs(sc1 - want) <= 0x1p-23 * want,
-                          "bits=%u bucket %zu: scale %a, want %a", bits, b, (double)sc1, want);
-                double e0, e1, x2;
-                err_and_norm(x + lo, y0 + lo, blen, &e0, &x2);
-                err_and_norm(x + lo, y1 + lo, blen, &e1, &x2);
-                cr_assert(e1 <= x2 * (1 + 1e-6), "bits=%u bucket %zu: ||x-D||^2 %g > ||x||^2 %g",
-                          bits, b, e1, x2);
-                cr_assert(e1 <= e0 * (1 + 1e-6) + 1e-9 * x2,
-                          "bits=%u bucket %zu: lsq error %g above the unbiased %g", bits, b, e1,
-                          e0);
-                worst0 = fmax(worst0, e0 / x2);
-                worst1 = fmax(worst1, e1 / x2);
+    unsigned L = (1u << (bits - 1)) - 1;
+    int nearest = strcmp(round, "nearest") == 0;
+    char s0[96], s1[96];
+    snprintf(s0, sizeof s0, "qsgd:bits=%u,bucket=%d,seed=5,lsq=0,round=%s", bits, B, round);
+    snprintf(s1, sizeof s1, "qsgd:bits=%u,bucket=%d,seed=5,lsq=1,round=%s", bits, B, round);
+    terse_codec *c0 = make(s0, N), *c1 = make(s1, N);
+    double worst0 = 0, worst1 = 0;
+    for (uint64_t t = 0; t < T; t++) {
+        lsq_input(x, N, B, 60 + t);
+        uint8_t *m0, *m1;
+        size_t len = tu_encode(c0, x, &m0), codes = 32 + 4 * NB;
+        cr_assert_eq(tu_encode(c1, x, &m1), len, "lsq changes the message size");
+        cr_assert_eq(memcmp(m0 + codes, m1 + codes, len - codes), 0, "%s: lsq changed the levels",
+                     s1);
+        cr_assert_eq(terse_decode(c0, m0, len, y0, 1.0f, 0), TERSE_OK);
+        cr_assert_eq(terse_decode(c1, m1, len, y1, 1.0f, 0), TERSE_OK);
+        for (size_t b = 0; b < NB; b++) {
+            size_t lo = b * B, blen = b + 1 == NB ? N - lo : B;
+            float sc0 = wire_scale(m0, b), sc1 = wire_scale(m1, b);
+            if (sc0 == 0 || isnan(sc0)) { /* special buckets are left alone */
+                cr_assert_eq(f2u(sc1), f2u(sc0), "%s bucket %zu", s1, b);
+                continue;
             }
-            free(m0);
-            free(m1);
+            wire_levels(m1, N, B, bits, b, lev);
+            double dot = 0, sq = 0;
+            for (size_t j = 0; j < blen; j++) {
+                dot += (double)x[lo + j] * lev[j];
+                sq += (double)lev[j] * lev[j];
+            }
+            /* to one fp32 ulp: the codec sums in another order */
+            double want = sq > 0 ? L * dot / sq : sc0;
+            cr_assert(fabs(sc1 - want) <= 0x1p-23 * want, "%s bucket %zu: scale %a, want %a", s1,
+                      b, (double)sc1, want);
+            double e0, e1, x2;
+            err_and_norm(x + lo, y0 + lo, blen, &e0, &x2);
+            err_and_norm(x + lo, y1 + lo, blen, &e1, &x2);
+            cr_assert(e1 <= x2 * (1 + 1e-6), "%s bucket %zu: ||x-D||^2 %g > ||x||^2 %g", s1, b,
+                      e1, x2);
+            cr_assert(e1 <= e0 * (1 + 1e-6) + 1e-9 * x2,
+                      "%s bucket %zu: lsq error %g above the norm scale's %g", s1, b, e1, e0);
+            if (nearest)
+                cr_assert(e0 <= x2 * (1 + 1e-6), "%s bucket %zu: ||x-D||^2 %g > ||x||^2 %g", s0,
+                          b, e0, x2);
+            worst0 = fmax(worst0, e0 / x2);
+            worst1 = fmax(worst1, e1 / x2);
         }
-        cr_log_info("bits=%u: worst ||x-D||^2/||x||^2 unbiased %.3g, lsq %.3g", bits, worst0,
-                    worst1);
-        if (bits == 2)
-            cr_expect(worst0 > 2, "the unbiased 2-bit scale contracted (worst ratio %g)", worst0);
-        terse_codec_free(c0);
-        terse_codec_free(c1);
+        free(m0);
+        free(m1);
     }
+    cr_log_info("bits=%u round=%s: worst ||x-D||^2/||x||^2 norm scale %.3g, lsq %.3g", bits,
+                round, worst0, worst1);
+    if (bits == 2 && !nearest)
+        cr_expect(worst0 > 2, "the unbiased 2-bit scale contracted (worst ratio %g)", worst0);
+    terse_codec_free(c0);
+    terse_codec_free(c1);
+}
+
+Test(qsgd, least_squares_scales_make_every_bucket_a_contraction) {
+    for (unsigned bits = 2; bits <= 8; bits++) check_lsq_contraction(bits, "stochastic");
+}
+
+Test(qsgd, least_squares_scales_of_nearest_levels_make_every_bucket_a_contraction) {
+    for (unsigned bits = 2; bits <= 8; bits++) check_lsq_contraction(bits, "nearest");
 }
 
 /* The least-squares scale is below 2 norms, so it can pass FLT_MAX when
@@ -687,15 +716,17 @@ Test(qsgd, a_least_squares_scale_past_flt_max_is_capped_and_still_contracts) {
     terse_codec_free(c);
 }
 
-/* The format does not change: a codec created without lsq decodes an lsq
- * message to the same bits, plain and accumulated (ef=1 turns lsq on). */
-Test(qsgd, an_lsq_message_decodes_the_same_in_a_codec_without_lsq) {
+/* The format does not change: a codec created without lsq and with
+ * stochastic rounding decodes an lsq, nearest-rounded message to the same
+ * bits as one created with both, plain and accumulated (ef=1 turns both
+ * on). */
+Test(qsgd, an_lsq_nearest_message_decodes_the_same_in_a_stochastic_codec_without_lsq) {
     enum { N = 1111 };
     static float x[N], ya[N], yb[N];
     tu_fill_gauss(x, N, 70);
     terse_codec *enc = make("qsgd:bits=3,bucket=64,ef=1", N);
-    terse_codec *with = make("qsgd:bits=3,bucket=64,lsq=1", N);
-    terse_codec *without = make("qsgd:bits=3,bucket=64,lsq=0", N);
+    terse_codec *with = make("qsgd:bits=3,bucket=64,lsq=1,round=nearest", N);
+    terse_codec *without = make("qsgd:bits=3,bucket=64,lsq=0,round=stochastic", N);
     cr_assert_eq(terse_codec_bound(enc), terse_codec_bound(without));
     uint8_t *m;
     size_t len = tu_encode(enc, x, &m);
@@ -710,6 +741,119 @@ Test(qsgd, an_lsq_message_decodes_the_same_in_a_codec_without_lsq) {
     terse_codec_free(enc);
     terse_codec_free(with);
     terse_codec_free(without);
+}
+
+/* ------------------------------------------------------------ round=nearest */
+
+/* The level of element j of one bucket of codes, from the scalar decoder. */
+static int code_level(const uint8_t *codes, size_t n, unsigned bits, size_t j) {
+    float lev[512];
+    cr_assert(n <= 512);
+    cr_assert_eq(terse__squant_decode_scalar(codes, n, bits, 1.0f, 1.0f, 0, lev), 0);
+    return (int)lev[j];
+}
+
+/* At scale 1, u = |x| * L is exact for these x, so the nearest level is
+ * floor(u + 1/2) by hand: u = 0.49 -> 0, 0.5 -> 1 (ties up), 2.51 -> 3,
+ * and the float just below 1/2 -> 0. Every SIMD level agrees, with each
+ * value at every lane position and in the ragged tail. */
+Test(qsgd, nearest_rounds_u_half_up_at_known_points_in_every_kernel) {
+    static const struct {
+        unsigned bits;
+        float x;
+        int level;
+    } pts[] = {
+        /* L = 1: u = |x| */
+        {2, 0.49f, 0}, {2, 0.5f, 1}, {2, 0x1.fffffep-2f, 0}, {2, 0.51f, 1}, {2, -0.5f, -1},
+        {2, 1.0f, 1}, {2, 0.0f, 0}, {2, -0.0f, 0},
+        /* L = 3: u = 1.5, 2.5078125, 2.484375, -2.5078125, 0.4921875, 6 (clamped) */
+        {3, 0.5f, 2}, {3, 0.8359375f, 3}, {3, 0.828125f, 2}, {3, -0.8359375f, -3},
+        {3, 0.1640625f, 0}, {3, 2.0f, 3},
+        /* L = 7: u = 3.5, 3.0078125; L = 127: u = 63.5, 0.49609375, 1.48828125 */
+        {4, 0.5f, 4}, {4, 0.4296875f, 3}, {8, 0.5f, 64}, {8, 0.00390625f, 0},
+        {8, 0.01171875f, 1},
+    };
+    enum { N = 83 }; /* past one AVX-512 block of 64, with a tail */
+    level lv[2];
+    size_t nl = simd_levels(lv);
+    float x[N];
+    uint8_t ref[N], got[N + 64];
+    for (size_t p = 0; p < sizeof pts / sizeof pts[0]; p++) {
+        unsigned bits = pts[p].bits;
+        for (size_t j = 0; j < N; j++) x[j] = pts[p].x;
+        terse__squant_encode_scalar(x, N, 1.0f, bits, 0x1234567u, 1, ref);
+        for (size_t j = 0; j < N; j += 9)
+            cr_assert_eq(code_level(ref, N, bits, j), pts[p].level,
+                         "bits=%u x=%a element %zu: level %d, want %d", bits, (double)pts[p].x, j,
+                         code_level(ref, N, bits, j), pts[p].level);
+        for (size_t l = 0; l < nl; l++) {
+            memset(got, 0xa5, sizeof got);
+            lv[l].encode(x, N, 1.0f, bits, 0x1234567u, 1, got);
+            cr_assert_eq(memcmp(ref, got, (N * bits + 7) / 8), 0, "%s bits=%u x=%a", lv[l].name,
+                         bits, (double)pts[p].x);
+        }
+    }
+}
+
+/* Through the codec (lsq=0, so the scale on the wire is the norm): every
+ * level is floor(u + 1/2) for u computed as the kernel does, in fp32. */
+Test(qsgd, nearest_levels_are_u_rounded_half_up_at_every_width) {
+    enum { N = 1000, B = 96, NB = 11 };
+    static float x[N], lev[B];
+    tu_fill_gauss(x, N, 90);
+    for (unsigned bits = 2; bits <= 8; bits++) {
+        unsigned L = (1u << (bits - 1)) - 1;
+        char spec[64];
+        snprintf(spec, sizeof spec, "qsgd:bits=%u,bucket=%d,lsq=0,round=nearest", bits, B);
+        terse_codec *c = make(spec, N);
+        uint8_t *m;
+        tu_encode(c, x, &m);
+        for (size_t b = 0; b < NB; b++) {
+            size_t lo = b * B, blen = b + 1 == NB ? N - lo : B;
+            float norm = wire_scale(m, b);
+            wire_levels(m, N, B, bits, b, lev);
+            for (size_t j = 0; j < blen; j++) {
+                float u = (fabsf(x[lo + j]) / norm) * (float)L;
+                double want = copysign(floor((double)u + 0.5), x[lo + j]);
+                cr_assert_eq(lev[j], (float)want, "bits=%u element %zu: u %a, level %g", bits,
+                             lo + j, (double)u, (double)lev[j]);
+            }
+        }
+        free(m);
+        terse_codec_free(c);
+    }
+}
+
+/* Nearest rounding draws nothing: two codecs with other seeds, tensors and
+ * ranks send the same bytes as each other, at every step, with and
+ * without lsq; seed= is still accepted. */
+Test(qsgd, nearest_messages_do_not_depend_on_seed_step_or_stream) {
+    enum { N = 777 };
+    static float x[N];
+    tu_fill_gauss(x, N, 91);
+    for (int lsq = 0; lsq < 2; lsq++) {
+        char sa[64], sb[64];
+        snprintf(sa, sizeof sa, "qsgd:bits=3,round=nearest,lsq=%d,seed=1", lsq);
+        snprintf(sb, sizeof sb, "qsgd:bits=3,round=nearest,lsq=%d,seed=2", lsq);
+        terse_codec *a = make(sa, N), *b = make(sb, N);
+        cr_assert_eq(terse_codec_set_stream(b, 4, 3), TERSE_OK);
+        uint8_t *first = NULL;
+        for (int t = 0; t < 3; t++) {
+            uint8_t *ma, *mb;
+            size_t la = tu_encode(a, x, &ma), lb = tu_encode(b, x, &mb);
+            cr_assert(la == lb && memcmp(ma, mb, la) == 0, "lsq=%d step %d: seeds differ", lsq, t);
+            if (first)
+                cr_assert_eq(memcmp(first, ma, la), 0, "lsq=%d: step %d differs from step 0", lsq,
+                             t);
+            else
+                first = ma, ma = NULL;
+            free(ma);
+            free(mb);
+        }
+        free(first);
+        terse_codec_free(a);
+        terse_codec_free(b);
+    }
 }
 
 /* ------------------------------------------------------------ crafted */

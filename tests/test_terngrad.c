@@ -41,7 +41,7 @@ static float absmax(const float *x, size_t n) {
 
 Test(terngrad, canonical_spec_traits_and_exact_bound) {
     terse_codec *c = make("terngrad", 1000);
-    cr_expect_str_eq(terse_codec_spec(c), "terngrad:bucket=512,lsq=0,ef=0,seed=0");
+    cr_expect_str_eq(terse_codec_spec(c), "terngrad:bucket=512,lsq=0,round=stochastic,ef=0,seed=0");
     /* 2 fp32 scales, then 128 + 122 bytes of 2-bit codes */
     cr_expect_eq(terse_codec_bound(c), 32 + 8 + 128 + 122);
     terse_codec_traits t = TERSE_CODEC_TRAITS_INIT;
@@ -59,15 +59,21 @@ Test(terngrad, bad_specs_are_invalid_and_name_the_token) {
     tu_expect_bad_spec("terngrad:lsq=2", "lsq=2");
     tu_expect_bad_spec("terngrad:lsq=x", "lsq=x");
     tu_expect_bad_spec("terngrad:ef=1,lsq=yes", "lsq=yes");
+    tu_expect_bad_spec("terngrad:round=up", "round=up");
+    tu_expect_bad_spec("terngrad:round=", "round=");
+    tu_expect_bad_spec("terngrad:ef=1,round=1", "round=1");
 }
 
 /* ------------------------------------------------------------ lsq */
 
-Test(terngrad, lsq_is_on_by_default_only_with_ef_and_is_in_the_canonical_spec) {
+Test(terngrad, lsq_and_nearest_are_the_defaults_only_with_ef_and_are_in_the_canonical_spec) {
     const char *cases[][2] = {
-        {"terngrad:ef=1", "terngrad:bucket=512,lsq=1,ef=1,seed=0"},
-        {"terngrad:ef=1,lsq=0", "terngrad:bucket=512,lsq=0,ef=1,seed=0"},
-        {"terngrad:lsq=1,bucket=64", "terngrad:bucket=64,lsq=1,ef=0,seed=0"},
+        {"terngrad:ef=1", "terngrad:bucket=512,lsq=1,round=nearest,ef=1,seed=0"},
+        {"terngrad:ef=1,lsq=0", "terngrad:bucket=512,lsq=0,round=nearest,ef=1,seed=0"},
+        {"terngrad:lsq=1,bucket=64", "terngrad:bucket=64,lsq=1,round=stochastic,ef=0,seed=0"},
+        {"terngrad:ef=1,round=stochastic",
+         "terngrad:bucket=512,lsq=1,round=stochastic,ef=1,seed=0"},
+        {"terngrad:round=nearest,seed=3", "terngrad:bucket=512,lsq=0,round=nearest,ef=0,seed=3"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         terse_codec *c = make(cases[k][0], 100);
@@ -76,38 +82,50 @@ Test(terngrad, lsq_is_on_by_default_only_with_ef_and_is_in_the_canonical_spec) {
     }
 }
 
-/* Without ef the default is lsq=0, the unbiased encoder the tests below
- * check: the same bytes as an explicit lsq=0, step after step. */
-Test(terngrad, without_ef_the_default_messages_are_the_lsq_0_messages) {
+/* Without ef the default is lsq=0 with stochastic rounding, the unbiased
+ * encoder the tests below check: the same bytes as an explicit
+ * lsq=0,round=stochastic, step after step. With ef=1 the defaults are
+ * lsq=1,round=nearest. */
+Test(terngrad, the_default_messages_are_those_of_the_explicit_defaults) {
     enum { N = 1300 };
     static float x[N];
-    terse_codec *a = make("terngrad:bucket=128,seed=8", N);
-    terse_codec *b = make("terngrad:bucket=128,seed=8,lsq=0", N);
-    for (uint64_t t = 0; t < 3; t++) {
-        tu_fill_gauss(x, N, 40 + t);
-        uint8_t *ma, *mb;
-        size_t la = tu_encode(a, x, &ma), lb = tu_encode(b, x, &mb);
-        cr_assert(la == lb && memcmp(ma, mb, la) == 0, "step %llu: messages differ",
-                  (unsigned long long)t);
-        free(ma);
-        free(mb);
+    const char *pairs[][2] = {
+        {"terngrad:bucket=128,seed=8", "terngrad:bucket=128,seed=8,lsq=0,round=stochastic"},
+        {"terngrad:bucket=128,seed=8,ef=1", "terngrad:bucket=128,seed=8,ef=1,lsq=1,round=nearest"},
+    };
+    for (size_t k = 0; k < 2; k++) {
+        terse_codec *a = make(pairs[k][0], N), *b = make(pairs[k][1], N);
+        for (uint64_t t = 0; t < 3; t++) {
+            tu_fill_gauss(x, N, 40 + t);
+            uint8_t *ma, *mb;
+            size_t la = tu_encode(a, x, &ma), lb = tu_encode(b, x, &mb);
+            cr_assert(la == lb && memcmp(ma, mb, la) == 0, "%s step %llu: messages differ",
+                      pairs[k][1], (unsigned long long)t);
+            free(ma);
+            free(mb);
+        }
+        terse_codec_free(a);
+        terse_codec_free(b);
     }
-    terse_codec_free(a);
-    terse_codec_free(b);
 }
 
-/* With lsq=1 the signs kept are those lsq=0 draws (same seed and step:
- * the code bytes match), each scale is the mean |x| over the elements kept
- * (the least-squares scale at L = 1), and so every bucket contracts:
- * ||x - D(C(x))|| <= ||x||, and no worse than with s = max|x|. The
- * unbiased scale breaks that bound on a bucket with one spike, so the
- * check can fail. Buckets: gaussian, a spike, all negative, zeros of both
- * signs among values, then an all-zero and a NaN bucket. */
-Test(terngrad, least_squares_scales_make_every_bucket_a_contraction) {
+/* With lsq=1 the signs kept are those lsq=0 draws or rounds (same seed,
+ * step and rounding mode: the code bytes match), each scale is the mean |x|
+ * over the elements kept (the least-squares scale at L = 1), and so every
+ * bucket contracts: ||x - D(C(x))|| <= ||x||, and no worse than with
+ * s = max|x|. The unbiased scale breaks that bound on a bucket with one
+ * spike, so the check can fail; nearest rounding at s = max|x| keeps it
+ * (an element is kept only when |x| >= s/2). Buckets: gaussian, a spike,
+ * all negative, zeros of both signs among values, then an all-zero and a
+ * NaN bucket. */
+static void check_lsq_contraction(const char *round) {
     enum { N = 1000, B = 96, NB = 11, T = 8 };
     static float x[N], y0[N], y1[N];
-    terse_codec *c0 = make("terngrad:bucket=96,seed=5,lsq=0", N);
-    terse_codec *c1 = make("terngrad:bucket=96,seed=5,lsq=1", N);
+    int nearest = strcmp(round, "nearest") == 0;
+    char s0[96], s1[96];
+    snprintf(s0, sizeof s0, "terngrad:bucket=96,seed=5,lsq=0,round=%s", round);
+    snprintf(s1, sizeof s1, "terngrad:bucket=96,seed=5,lsq=1,round=%s", round);
+    terse_codec *c0 = make(s0, N), *c1 = make(s1, N);
     double worst0 = 0, worst1 = 0;
     for (uint64_t t = 0; t < T; t++) {
         tu_fill_gauss(x, N, 60 + t);
@@ -121,14 +139,15 @@ Test(terngrad, least_squares_scales_make_every_bucket_a_contraction) {
         uint8_t *m0, *m1;
         size_t len = tu_encode(c0, x, &m0), codes = 32 + 4 * NB;
         cr_assert_eq(tu_encode(c1, x, &m1), len, "lsq changes the message size");
-        cr_assert_eq(memcmp(m0 + codes, m1 + codes, len - codes), 0, "lsq changed the signs");
+        cr_assert_eq(memcmp(m0 + codes, m1 + codes, len - codes), 0, "%s: lsq changed the signs",
+                     s1);
         cr_assert_eq(terse_decode(c0, m0, len, y0, 1.0f, 0), TERSE_OK);
         cr_assert_eq(terse_decode(c1, m1, len, y1, 1.0f, 0), TERSE_OK);
         for (size_t b = 0; b < NB; b++) {
             size_t lo = b * B, hi = lo + B < N ? lo + B : N;
             float sc0 = wire_scale(m0, b), sc1 = wire_scale(m1, b);
             if (sc0 == 0 || isnan(sc0)) { /* special buckets are left alone */
-                cr_assert_eq(f2u(sc1), f2u(sc0), "bucket %zu", b);
+                cr_assert_eq(f2u(sc1), f2u(sc0), "%s bucket %zu", s1, b);
                 continue;
             }
             double kept = 0, count = 0, e0 = 0, e1 = 0, x2 = 0;
@@ -143,31 +162,46 @@ Test(terngrad, least_squares_scales_make_every_bucket_a_contraction) {
             }
             /* to one fp32 ulp: the codec sums in another order */
             double want = count > 0 ? kept / count : sc0;
-            cr_assert(fabs(sc1 - want) <= 0x1p-23 * want, "bucket %zu: scale %a, want %a", b,
-                      (double)sc1, want);
-            cr_assert(e1 <= x2 * (1 + 1e-6), "bucket %zu: ||x-D||^2 %g > ||x||^2 %g", b, e1, x2);
-            cr_assert(e1 <= e0 * (1 + 1e-6), "bucket %zu: lsq error %g above the unbiased %g", b,
-                      e1, e0);
+            cr_assert(fabs(sc1 - want) <= 0x1p-23 * want, "%s bucket %zu: scale %a, want %a", s1,
+                      b, (double)sc1, want);
+            cr_assert(e1 <= x2 * (1 + 1e-6), "%s bucket %zu: ||x-D||^2 %g > ||x||^2 %g", s1, b,
+                      e1, x2);
+            cr_assert(e1 <= e0 * (1 + 1e-6), "%s bucket %zu: lsq error %g above max|x|'s %g", s1,
+                      b, e1, e0);
+            if (nearest)
+                cr_assert(e0 <= x2 * (1 + 1e-6), "%s bucket %zu: ||x-D||^2 %g > ||x||^2 %g", s0,
+                          b, e0, x2);
             worst0 = fmax(worst0, e0 / x2);
             worst1 = fmax(worst1, e1 / x2);
         }
         free(m0);
         free(m1);
     }
-    cr_log_info("worst ||x-D||^2/||x||^2: unbiased %.3g, lsq %.3g", worst0, worst1);
-    cr_expect(worst0 > 2, "the unbiased scale contracted (worst ratio %g)", worst0);
+    cr_log_info("round=%s: worst ||x-D||^2/||x||^2: max|x| %.3g, lsq %.3g", round, worst0, worst1);
+    if (!nearest)
+        cr_expect(worst0 > 2, "the unbiased scale contracted (worst ratio %g)", worst0);
     terse_codec_free(c0);
     terse_codec_free(c1);
 }
 
-/* The format does not change: a codec created without lsq decodes an lsq
- * message to the same bits, plain and accumulated (ef=1 turns lsq on). */
-Test(terngrad, an_lsq_message_decodes_the_same_in_a_codec_without_lsq) {
+Test(terngrad, least_squares_scales_make_every_bucket_a_contraction) {
+    check_lsq_contraction("stochastic");
+}
+
+Test(terngrad, least_squares_scales_of_nearest_signs_make_every_bucket_a_contraction) {
+    check_lsq_contraction("nearest");
+}
+
+/* The format does not change: a codec created without lsq and with
+ * stochastic rounding decodes an lsq, nearest-rounded message to the same
+ * bits as one created with both, plain and accumulated (ef=1 turns both
+ * on). */
+Test(terngrad, an_lsq_nearest_message_decodes_the_same_in_a_stochastic_codec_without_lsq) {
     enum { N = 1111 };
     static float x[N], ya[N], yb[N];
     tu_fill_gauss(x, N, 71);
     terse_codec *enc = make("terngrad:bucket=64,ef=1", N);
-    terse_codec *with = make("terngrad:bucket=64,lsq=1", N);
+    terse_codec *with = make("terngrad:bucket=64,lsq=1,round=nearest", N);
     terse_codec *without = make("terngrad:bucket=64", N);
     cr_assert_eq(terse_codec_bound(enc), terse_codec_bound(without));
     uint8_t *m;
@@ -317,6 +351,37 @@ Test(terngrad, non_finite_buckets_decode_to_nan_and_leave_others_alone) {
     terse_codec_free(c);
 }
 
+/* round=nearest keeps element i, as s * sign(x), exactly when |x| / s
+ * (in fp32, as the kernel computes it) is at least 1/2, an exact half
+ * included, and sends 0 otherwise; whatever the seed or step. */
+Test(terngrad, nearest_keeps_exactly_the_elements_of_at_least_half_the_max) {
+    enum { N = 700, B = 100 };
+    static float x[N], y[N];
+    tu_fill_gauss(x, N, 29);
+    x[10] = 4.0f, x[11] = -2.0f, x[12] = 0x1.fffffep0f; /* bucket 0: s = 4, a tie, a near tie */
+    terse_codec *a = make("terngrad:bucket=100,round=nearest,seed=1", N);
+    terse_codec *b = make("terngrad:bucket=100,round=nearest,seed=2", N);
+    uint8_t *ma, *mb;
+    size_t len = tu_encode(a, x, &ma);
+    free(ma);
+    len = tu_encode(a, x, &ma); /* step 1 against b's step 0 */
+    cr_assert_eq(tu_encode(b, x, &mb), len);
+    cr_assert_eq(memcmp(ma, mb, len), 0, "nearest messages depend on the seed or step");
+    cr_assert_eq(terse_decode(a, ma, len, y, 1.0f, 0), TERSE_OK);
+    cr_expect_eq(y[11], -4.0f, "the tie |x| = s/2 rounds up");
+    cr_expect_eq(y[12], 0.0f, "just below s/2 rounds down");
+    for (size_t i = 0; i < N; i++) {
+        float s = absmax(x + i / B * B, B);
+        float want = fabsf(x[i]) / s >= 0.5f ? copysignf(s, x[i]) : 0.0f;
+        cr_assert_eq(f2u(y[i]), f2u(want), "element %zu: x %a, s %a, got %a", i, (double)x[i],
+                     (double)s, (double)y[i]);
+    }
+    free(ma);
+    free(mb);
+    terse_codec_free(a);
+    terse_codec_free(b);
+}
+
 Test(terngrad, accumulate_equals_decode_plus_add_bitwise) {
     enum { N = 1001 };
     static float x[N], base[N], y[N], z[N];
@@ -372,25 +437,29 @@ Test(terngrad, simd_absmax_and_ternary_encode_match_scalar_bitwise) {
         float *x = malloc(n * sizeof *x);
         uint8_t *r = malloc(n / 4 + 8), *g = malloc(n / 4 + 8);
         tu_fill_gauss(x, n, 30 + t);
-        for (int round = 0; round < 2; round++) {
+        for (int pass = 0; pass < 4; pass++) {
+            int nearest = pass & 1; /* each input in both rounding modes */
             uint32_t m0 = terse__squant_absmax_scalar(x, n);
             float s;
             memcpy(&s, &m0, 4);
             memset(r, 0, n / 4 + 8);
-            terse__squant_encode_scalar(x, n, s, 2, 99u, r);
+            terse__squant_encode_scalar(x, n, s, 2, 99u, nearest, r);
             if (f & TERSE_CPU_AVX2) {
                 cr_assert_eq(terse__squant_absmax_avx2(x, n), m0, "avx2 n=%zu", n);
                 memset(g, 0, n / 4 + 8);
-                terse__squant_encode_avx2(x, n, s, 2, 99u, g);
-                cr_assert_eq(memcmp(r, g, n / 4 + 8), 0, "avx2 encode n=%zu", n);
+                terse__squant_encode_avx2(x, n, s, 2, 99u, nearest, g);
+                cr_assert_eq(memcmp(r, g, n / 4 + 8), 0, "avx2 encode n=%zu nearest=%d", n,
+                             nearest);
             }
             if (f & TERSE_CPU_AVX512) {
                 cr_assert_eq(terse__squant_absmax_avx512(x, n), m0, "avx512 n=%zu", n);
                 memset(g, 0, n / 4 + 8);
-                terse__squant_encode_avx512(x, n, s, 2, 99u, g);
-                cr_assert_eq(memcmp(r, g, n / 4 + 8), 0, "avx512 encode n=%zu", n);
+                terse__squant_encode_avx512(x, n, s, 2, 99u, nearest, g);
+                cr_assert_eq(memcmp(r, g, n / 4 + 8), 0, "avx512 encode n=%zu nearest=%d", n,
+                             nearest);
             }
-            /* second round: sprinkle special values (the last one wins the max) */
+            if (!nearest) continue;
+            /* then the same with special values (the last one wins the max) */
             for (size_t i = 0; i < n; i += 1 + i / 3) x[i] = special[i % 12];
         }
         free(x);
