@@ -24,7 +24,9 @@ torch for /usr/bin/python3; another python3 found first on PATH may not see it.
 
 import argparse
 import datetime
+import gc
 import gzip
+import importlib
 import os
 import socket
 import sys
@@ -322,6 +324,10 @@ def worker(rank, args, port, train, test):
     if rank == 0:
         header(args, world, len(sampler), steps_per_epoch, n_test, model, state, torch)
 
+    # The buffers of the evaluation's collectives live until the process
+    # group is gone: see the teardown at the end.
+    sums = torch.zeros(4, dtype=torch.float64)
+    t = torch.zeros(1, dtype=torch.float64)
     wall = 0.0
     step = 0
     loss_sum, loss_count = 0.0, 0
@@ -331,9 +337,9 @@ def worker(rank, args, port, train, test):
     def report(epoch, final):
         nonlocal loss_sum, loss_count, t_target, final_acc
         correct, test_loss = evaluate(model, x_test, y_test, test_lo, test_hi)
-        sums = torch.tensor([correct, test_loss, loss_sum, loss_count], dtype=torch.float64)
+        sums.copy_(torch.tensor([correct, test_loss, loss_sum, loss_count]))
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-        t = torch.tensor([wall], dtype=torch.float64)
+        t.fill_(wall)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         loss_sum, loss_count = 0.0, 0
         acc = 100.0 * sums[0].item() / n_test
@@ -377,6 +383,16 @@ def worker(rank, args, port, train, test):
     if rank == 0:
         summary(args, final_acc, total, t_target, traffic, state)
     dist.barrier()
+    # Teardown order matters in torch 1.13: ~ProcessGroupGloo joins gloo's
+    # worker threads while this thread holds the GIL, and a worker thread
+    # that drops the last reference to a tensor Python has seen needs the
+    # GIL to free it -- a deadlock at exit (seen here in about one run in
+    # three). So the process group goes first, dropped by DDP (its reducer
+    # holds it) and by the registry, while Python still holds every tensor
+    # a collective touched (sums, t, the model's parameters); they are freed
+    # afterwards, on this thread, when this function returns.
+    opt = ddp = state = None
+    gc.collect()
     dist.destroy_process_group()
 
 
@@ -465,7 +481,7 @@ def free_port():
 def main(argv):
     args = parse_args(argv)
     try:
-        import numpy  # noqa: F401
+        importlib.import_module("numpy")
         import torch
         import torch.distributed as dist
         import torch.multiprocessing as mp
