@@ -123,9 +123,12 @@ fi
 "$bench" train --epochs 100 --train-limit 19200 --test-limit 2000 -q \
     >"$tmp/kill.out" 2>"$tmp/kill.err" &
 launcher=$!
+# The launcher's child is terse-run; its children are the workers. Kill a
+# worker (not terse-run, which would test something else).
 victim=
 for _ in $(seq 1 100); do
-    victim=$(pgrep -f -- "terse-bench train --epochs 100 .*--worker" | head -n 1)
+    runner=$(pgrep -P "$launcher" | head -n 1)
+    [[ -n $runner ]] && victim=$(pgrep -P "$runner" | tail -n 1)
     [[ -n $victim ]] && break
     sleep 0.1
 done
@@ -145,6 +148,8 @@ else
     [[ $got == 1 ]] || { bad "kill: launcher exit status $got, expected 1"; cat "$tmp/kill.err"; }
     grep -q "workers failed" "$tmp/kill.err" ||
         { bad "kill: no 'workers failed' message"; cat "$tmp/kill.err"; }
+    grep -q "killed by signal 9" "$tmp/kill.err" ||
+        { bad "kill: terse-run did not report a worker killed by signal 9"; cat "$tmp/kill.err"; }
 fi
 
 # 8. Errors: status and a sentence that names the problem.
@@ -168,6 +173,10 @@ expect_fail 2 "expected softmax or mlp" --model cnn
 expect_fail 2 "localsgd" --mode localsgd:0
 expect_fail 2 "clip=C,noise=S" --dp clip=1
 expect_fail 2 "unknown option" --frobnicate
+expect_fail 2 "already has a codec" --codec-for w2=int8 --codec-for w2=fp16
+expect_fail 2 "needs --workers 2" --sweep --workers 1
+expect_fail 2 "too many runs" --sweep --seeds 100
+expect_fail 2 "quotes" --sweep --plot "it's.png"
 expect_fail 1 "dataset-fashion-mnist" --data "$tmp/nowhere" "${subset[@]}"
 "$bench" train --help >"$tmp/help" || bad "--help exited non-zero"
 grep -q -- "--sweep" "$tmp/help" || bad "--help does not document --sweep"

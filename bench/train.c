@@ -15,7 +15,6 @@
 #include "train.h"
 
 #define WHO "terse-bench train"
-#define MAX_RECORDS 8192
 /* The sweep's defaults: seeds per configuration (one seed's final accuracy
  * moves by about a point at this learning rate), and the codec of the
  * small-tensor bucket in compressed runs. */
@@ -41,8 +40,13 @@ static void usage(FILE *f) {
 "  --batch B             examples per worker per step (64)\n"
 "  --lr X                learning rate (0.1)\n"
 "  --momentum X          SGD momentum, PyTorch's form v = m v + g (0.9)\n"
-"  --seed N              initialisation, sharding and shuffling (1)\n"
+"  --seed N              initialisation, sharding, shuffling, codec draws (1)\n"
+"  --seeds K             run every configuration with seeds N..N+K-1 and report\n"
+"                        the mean and range (1; the sweep: 3)\n"
 "  --mode allreduce      synchronous SGD: average gradients every step (default)\n"
+"  --momentum-at W       global (default): momentum on the averaged gradient,\n"
+"                        as PyTorch DDP does; local: each worker's momentum is\n"
+"                        what travels (EF-SGDM), synchronous mode only\n"
 "  --mode localsgd:H     Local SGD: H local steps, then average the models\n"
 "                        (what travels is the model change since the last\n"
 "                        average, compressed with the codec)\n"
@@ -51,13 +55,16 @@ static void usage(FILE *f) {
 "                        coordinate, before compression (see DP below)\n"
 "\n"
 "compression and transport:\n"
-"  --codec SPEC          codec for every weight matrix, or 'dense' (default);\n"
-"                        e.g. topk:ratio=0.01,ef=1 or powersgd:rank=4,ef=1\n"
-"  --codec-for T=SPEC    codec for tensor T only (mlp: w1 b1 w2 b2; softmax:\n"
-"                        w b); repeatable; wins over --codec and --small-dense\n"
-"  --small-dense N       tensors of fewer than N elements stay dense, as\n"
-"                        PyTorch's PowerSGD hook keeps biases dense (1000;\n"
-"                        0 compresses every tensor)\n"
+"  --codec SPEC          codec for the large tensors (mlp: w1; softmax: w), or\n"
+"                        'dense' (default); e.g. topk:ratio=0.01,ef=1 or\n"
+"                        powersgd:rank=4,ef=1\n"
+"  --small N             tensors under N elements (4096: the MLP's b1, w2 10x256\n"
+"                        and b2; the softmax's b) travel together in one bucket,\n"
+"                        as DDP buckets them; 0 puts every tensor under --codec\n"
+"  --small-codec SPEC    the bucket's codec in compressed runs (dense; the sweep\n"
+"                        uses int8:ef=1); a dense run keeps it dense\n"
+"  --codec-for T=SPEC    codec for tensor T alone (mlp: w1 b1 w2 b2; softmax: w\n"
+"                        b), out of the bucket; repeatable, once per tensor\n"
 "  --provider P          shm (default), tcp, auto, verbs, efa\n"
 "\n"
 "data and evaluation:\n"
@@ -71,7 +78,7 @@ static void usage(FILE *f) {
 "  --sweep               the MLP with every codec, with and without error\n"
 "                        feedback, and Local SGD every 8 steps, dense and with\n"
 "                        PowerSGD: 26 configurations x 3 seeds, about 2 minutes\n"
-"  --sweep-full          also fp16, bf16 and int8 with error feedback (27)\n"
+"  --sweep-full          also fp16, bf16 and int8 with error feedback (29)\n"
 "  --plot FILE           where the sweep draws accuracy against bytes as a PNG\n"
 "                        (terse-sweep.png); needs gnuplot\n"
 "\n"
@@ -81,11 +88,12 @@ static void usage(FILE *f) {
 "  -q, --quiet           no progress on stderr\n"
 "  -h, --help            this text\n"
 "\n"
-"Columns: acc is test accuracy (%%) on the 10,000 test images; loss is the mean\n"
+"Columns: acc is test accuracy (%%) on the 10,000 test images (or\n"
+"--test-limit); loss is the mean\n"
 "training loss since the previous line; sent is the gradient bytes each worker\n"
 "handed to the network (terse_comm_stats' wire bytes: payload and terse's\n"
-"framing, the maximum over workers); ratio is 4 bytes x parameters x steps\n"
-"(what synchronous dense fp32 training sends per worker with 2 workers) over\n"
+"framing, the maximum over workers); ratio is 4 bytes x parameters x steps x\n"
+"2(N-1)/N (what synchronous dense fp32 training sends per worker, by ring) over\n"
 "sent; compute, codec and network are seconds of\n"
 "forward/backward/update, of encode/decode/reduction, and of waiting on the\n"
 "network (maximum over workers); time is the training wall time, evaluation\n"
@@ -428,6 +436,27 @@ int train_parse_args(int argc, char **argv, train_options *o) {
         }
     }
     if (o->csv && o->json) return usage_error("%s", "--csv and --json exclude each other");
+    if (strlen(codec) >= sizeof o->runs[0].codec || strlen(o->small_codec) >= 128)
+        return usage_error("%s", "a codec spec is longer than 127 characters");
+    for (size_t i = 0; i < o->n_overrides; i++) {
+        if (strlen(o->overrides[i]) >= 256)
+            return usage_error("--codec-for '%s': longer than 255 characters", o->overrides[i]);
+        size_t len = strcspn(o->overrides[i], "=");
+        for (size_t j = 0; j < i; j++)
+            if (strncmp(o->overrides[j], o->overrides[i], len + 1) == 0)
+                return usage_error("--codec-for '%s': that tensor already has a codec",
+                                   o->overrides[i]);
+    }
+    if (o->sweep && o->n_overrides)
+        return usage_error("%s", "--sweep chooses the codecs itself; drop --codec-for");
+    if (o->sweep && o->workers < 2)
+        return usage_error("%s", "--sweep compares bytes on the network: it needs --workers 2 "
+                                 "or more");
+    if (o->local_momentum && o->mode != TRAIN_MODE_ALLREDUCE)
+        return usage_error("%s", "--momentum-at local applies to --mode allreduce only");
+    if (o->plot && strpbrk(o->plot, "'\"\n\\"))
+        return usage_error("--plot '%s': the path may not contain quotes, backslashes or "
+                           "line breaks", o->plot);
     if (o->sweep && have_codec)
         return usage_error("%s", "--sweep chooses the codecs itself; drop --codec");
     if (o->sweep && o->mode != TRAIN_MODE_ALLREDUCE)
@@ -444,11 +473,14 @@ int train_parse_args(int argc, char **argv, train_options *o) {
         if (!have_seeds) o->seeds = TRAIN_SWEEP_SEEDS;
         if (!have_small_codec) o->small_codec = TRAIN_SWEEP_SMALL_CODEC;
     } else {
-        add_run(o, codec, codec, 0);
+        /* Label what runs: the codec, or "custom" when --codec-for changes it. */
+        add_run(o, o->n_overrides ? "custom" : codec, codec, 0);
         train_run *r = &o->runs[0];
         r->ef = strstr(codec, "ef=1") != NULL;
     }
     if (!have_seeds && !o->sweep) o->seeds = 1;
+    if (o->n_runs * (size_t)o->seeds > TRAIN_MAX_RUNS)
+        return usage_error("%s", "too many runs: configurations x --seeds exceeds 256");
     expand_seeds(o);
     if (!o->worker) {
         for (size_t i = 0; i < o->n_runs; i++)
@@ -469,7 +501,6 @@ int train_parse_args(int argc, char **argv, train_options *o) {
 /* ---------------------------------------------------------------- launcher */
 
 int train_launch(int argc, char **argv, const train_options *o) {
-    static train_record recs[MAX_RECORDS];
     char results[PATH_MAX];
     if (bench_temp_file("train", results, sizeof results) != 0) {
         fprintf(stderr, WHO ": cannot create a temporary file: %s\n", strerror(errno));
@@ -479,26 +510,29 @@ int train_launch(int argc, char **argv, const train_options *o) {
      * determinism; nothing to share out. */
     int rc = bench_run_workers(WHO, o->workers, o->provider ? o->provider : "shm", argc, argv,
                                results, 1);
-    int n = train_record_read_all(results, recs, MAX_RECORDS);
+    train_record *recs = NULL;
+    int n = train_record_read_all(results, &recs);
     unlink(results);
-    if (bench_interrupted()) return 128 + bench_interrupted();
+    if (bench_interrupted()) {
+        free(recs);
+        return 128 + bench_interrupted();
+    }
     if (n <= 0) {
         fprintf(stderr, WHO ": no results from the workers (terse-run exit status %d)\n", rc);
+        free(recs);
         return BENCH_EXIT_RUNTIME;
     }
     train_report(o, recs, n);
     int failed = rc != 0;
     if (rc != 0) fprintf(stderr, WHO ": the workers failed (terse-run exit status %d)\n", rc);
     int finals = 0;
-    for (int i = 0; i < n; i++) {
-        if (recs[i].error[0]) failed = 1;
-        finals += recs[i].final;
-    }
+    for (int i = 0; i < n; i++) finals += recs[i].final;
     if (finals < (int)o->n_runs) {
         fprintf(stderr, WHO ": only %d of %zu runs finished\n", finals, o->n_runs);
         failed = 1;
     }
     if (o->sweep && o->plot && train_plot(o, recs, n) != 0) failed = 1;
+    free(recs);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, WHO ": cannot write the results\n");
         return BENCH_EXIT_RUNTIME;

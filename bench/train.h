@@ -178,12 +178,14 @@ typedef struct {
     char codec[128];
     char label[64];
     int ef;
-    char error[256];       /* nonempty: the run failed and this says why */
+    char error[256];       /* reserved: empty (a failed run writes no record; its
+                              worker says why on stderr) */
 } train_record;
 
 void train_record_write(FILE *f, const train_record *r);
-/* Every record of a file; how many (<= cap), or -1 if unreadable. */
-int train_record_read_all(const char *path, train_record *recs, int cap);
+/* Every well-formed record of a file into *out (malloc'd, the caller frees
+ * it); how many, or -1 if the file is unreadable. */
+int train_record_read_all(const char *path, train_record **out);
 
 int train_parse_args(int argc, char **argv, train_options *o);
 int train_worker_main(const train_options *o);

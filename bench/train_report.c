@@ -45,7 +45,11 @@ static int parse_record(char *line, train_record *r) {
     r->steps_total = atol(f[7]);
     double *d[] = {&r->test_acc, &r->test_loss, &r->train_loss, &r->bytes_sent, &r->dense_bytes,
                    &r->compute_s, &r->codec_s, &r->network_s, &r->wall_s};
-    for (int i = 0; i < 9; i++) *d[i] = strtod(f[8 + i], NULL);
+    for (int i = 0; i < 9; i++) {
+        char *end;
+        *d[i] = strtod(f[8 + i], &end);
+        if (end == f[8 + i] || *end) return -1;
+    }
     snprintf(r->codec, sizeof r->codec, "%s", f[17]);
     snprintf(r->label, sizeof r->label, "%s", f[18]);
     r->ef = atoi(f[19]);
@@ -54,14 +58,25 @@ static int parse_record(char *line, train_record *r) {
                                                                                           : -1;
 }
 
-int train_record_read_all(const char *path, train_record *recs, int cap) {
+int train_record_read_all(const char *path, train_record **out) {
+    *out = NULL;
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     char line[2048];
-    int n = 0;
-    while (n < cap && fgets(line, sizeof line, f))
+    int n = 0, cap = 0;
+    train_record *recs = NULL;
+    while (fgets(line, sizeof line, f)) {
+        if (n == cap) {
+            int c = cap ? 2 * cap : 64;
+            train_record *g = realloc(recs, (size_t)c * sizeof *g);
+            if (!g) break;
+            recs = g;
+            cap = c;
+        }
         if (parse_record(line, &recs[n]) == 0) n++;
+    }
     fclose(f);
+    *out = recs;
     return n;
 }
 
@@ -132,7 +147,10 @@ static void summarize(const train_options *o, const train_record *recs, int n, i
         else
             g->t_target += t;
     }
-    if (g->seeds == 0) return;
+    if (g->seeds == 0) {
+        g->t_target = -1;
+        return;
+    }
     double *m[] = {&g->acc, &g->bytes, &g->dense_bytes, &g->compute_s, &g->codec_s,
                    &g->network_s, &g->wall_s};
     for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) *m[i] /= g->seeds;

@@ -3,6 +3,7 @@
  * gradients (or, in Local SGD, model changes) with terse_allreduce. Rank 0
  * records one line per evaluation. Public API only (include/terse.h). */
 #include <cblas.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,6 @@
 
 #define WHO "terse-bench train"
 #define EVAL_CHUNK 1000
-#define MAX_RECORDS 8192
 /* Seconds between progress lines on stderr. */
 #define PROGRESS_SECONDS 2.0
 
@@ -73,7 +73,8 @@ typedef struct {
     uint8_t *y;
     FILE *results;
     train_record *kept; /* rank 0 without --results: printed at the end */
-    int n_kept;
+    int n_kept, cap_kept;
+    double *gathered;   /* nworkers x G_FIELDS, for evaluate() */
     double last_progress;
 } worker;
 
@@ -95,6 +96,7 @@ typedef struct {
     float *anchor[MODEL_MAX_TENSORS]; /* Local SGD: the model at the last average */
     float *fused;                     /* the bucket: small (or dense) tensors, packed */
     size_t fused_n;
+    size_t *order; /* this epoch's order of the shard */
     long exchanges, step, steps_total, unsynced;
     uint64_t dp_stream;
     tally t;
@@ -183,6 +185,7 @@ static void run_free(run_state *r) {
     }
     terse_codec_free(r->bucket_codec);
     free(r->fused);
+    free(r->order);
     model_free(r->m);
     memset(r, 0, sizeof *r);
 }
@@ -198,11 +201,13 @@ static terse_status make_codec(const worker *w, const run_state *r, const char *
     tr.size = sizeof tr;
     s = terse_codec_get_traits(*out, &tr);
     if (s == TERSE_OK && tr.randomized && !strstr(spec, "seed=")) {
-        char seeded[192];
-        snprintf(seeded, sizeof seeded, "%s%sseed=%llu", spec, strchr(spec, ':') ? "," : ":",
-                 (unsigned long long)r->cfg->seed);
+        char seeded[512];
+        int len = snprintf(seeded, sizeof seeded, "%s%sseed=%llu", spec,
+                           strchr(spec, ':') ? "," : ":", (unsigned long long)r->cfg->seed);
         terse_codec_free(*out);
         *out = NULL;
+        if (len < 0 || (size_t)len >= sizeof seeded)
+            return TERSE_ERR_INVALID; /* the launcher refuses specs this long */
         s = terse_codec_create(seeded, rows, cols, out);
     }
     if (s == TERSE_OK) s = terse_codec_set_stream(*out, tensor, (uint32_t)w->rank);
@@ -258,6 +263,8 @@ static int run_setup(worker *w, run_state *r, int index) {
             if (s != TERSE_OK) return fail(w, r->cfg->small_codec, s);
         }
     }
+    if (!(r->order = malloc(w->shard_n * sizeof *r->order)))
+        return fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
     r->steps_total = w->steps_per_epoch * o->epochs;
     r->dp_stream = stream_key(r->cfg->seed, 0xd9, (uint64_t)w->rank);
     return 0;
@@ -413,6 +420,31 @@ static int train_step(worker *w, run_state *r, const size_t *order, long k) {
 
 /* ---------------------------------------------------------------- evaluation */
 
+/* Rank 0 keeps a record: into --results (flushed, so a launcher reading
+ * after a failure still has every finished evaluation), or in memory. */
+static int keep_record(worker *w, const train_record *rec) {
+    if (w->results) {
+        train_record_write(w->results, rec);
+        if (fflush(w->results) != 0 || ferror(w->results)) {
+            fprintf(stderr, WHO ": rank 0: cannot write %s\n", w->o->results);
+            return -1;
+        }
+        return 0;
+    }
+    if (w->n_kept == w->cap_kept) {
+        int cap = w->cap_kept ? 2 * w->cap_kept : 64;
+        train_record *k = realloc(w->kept, (size_t)cap * sizeof *k);
+        if (!k) {
+            fprintf(stderr, WHO ": rank 0: out of memory keeping records\n");
+            return -1;
+        }
+        w->kept = k;
+        w->cap_kept = cap;
+    }
+    w->kept[w->n_kept++] = *rec;
+    return 0;
+}
+
 enum { G_CORRECT, G_LOSS, G_TRAIN_LOSS, G_TRAIN_COUNT, G_BYTES, G_COMPUTE, G_CODEC, G_NET,
        G_WALL, G_FIELDS };
 
@@ -437,14 +469,10 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
     mine[G_WALL] = r->t.wall_s;
     r->t.loss_sum = r->t.loss_count = 0;
 
-    double *all = calloc((size_t)w->nworkers * G_FIELDS, sizeof(double));
-    if (!all) return fail(w, "allocating evaluation results", TERSE_ERR_NOMEM);
+    double *all = w->gathered;
     terse_status s = terse_allgather(w->comm, mine, sizeof mine, all,
                                      (size_t)w->nworkers * sizeof mine, NULL);
-    if (s != TERSE_OK) {
-        free(all);
-        return fail(w, "gathering evaluation results", s);
-    }
+    if (s != TERSE_OK) return fail(w, "gathering evaluation results", s);
     if (w->rank == 0) {
         double sum[G_FIELDS] = {0}, max[G_FIELDS] = {0};
         for (int k = 0; k < w->nworkers; k++)
@@ -466,7 +494,9 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
         rec.test_loss = sum[G_LOSS] / (double)w->test.n;
         rec.train_loss = sum[G_TRAIN_COUNT] > 0 ? sum[G_TRAIN_LOSS] / sum[G_TRAIN_COUNT] : NAN;
         rec.bytes_sent = max[G_BYTES];
-        rec.dense_bytes = 4.0 * (double)model_param_count(r->m) * (double)r->step;
+        /* A ring allreduce sends 2(N-1)/N of the buffer from every rank. */
+        rec.dense_bytes = 4.0 * (double)model_param_count(r->m) * (double)r->step * 2.0 *
+                          (double)(w->nworkers - 1) / (double)w->nworkers;
         rec.compute_s = max[G_COMPUTE];
         rec.codec_s = max[G_CODEC];
         rec.network_s = max[G_NET];
@@ -474,12 +504,6 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
         snprintf(rec.codec, sizeof rec.codec, "%s", r->cfg->codec);
         snprintf(rec.label, sizeof rec.label, "%s", r->cfg->label);
         rec.ef = r->cfg->ef;
-        if (w->results) {
-            train_record_write(w->results, &rec);
-            fflush(w->results);
-        } else if (w->kept && w->n_kept < MAX_RECORDS) {
-            w->kept[w->n_kept++] = rec;
-        }
         if (!w->o->quiet)
             fprintf(stderr, WHO ": [%d/%zu] %s%s: epoch %d, step %ld/%ld: test %.2f%%, "
                             "loss %.4f, %.0f bytes sent, %.1f s\n",
@@ -487,8 +511,8 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
                     r->step, r->steps_total, rec.test_acc, rec.train_loss, rec.bytes_sent,
                     rec.wall_s);
         w->last_progress = bench_now();
+        if (keep_record(w, &rec) != 0) return -1;
     }
-    free(all);
     return 0;
 }
 
@@ -514,11 +538,7 @@ static int train_run_one(worker *w, int index) {
         run_free(&r);
         return -1;
     }
-    size_t *order = malloc(w->shard_n * sizeof *order);
-    if (!order) {
-        run_free(&r);
-        return fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
-    }
+    size_t *order = r.order;
     for (int e = 1; e <= o->epochs && rc == 0; e++) {
         memcpy(order, w->shard, w->shard_n * sizeof *order);
         shuffle(order, w->shard_n,
@@ -541,7 +561,6 @@ static int train_run_one(worker *w, int index) {
         }
         if (rc == 0) rc = evaluate(w, &r, e, e == o->epochs);
     }
-    free(order);
     run_free(&r);
     return rc;
 }
@@ -550,7 +569,6 @@ static int train_run_one(worker *w, int index) {
 
 int train_worker_main(const train_options *o) {
     static worker w;
-    static train_record kept[MAX_RECORDS];
     memset(&w, 0, sizeof w);
     w.o = o;
     /* Single-threaded BLAS: deterministic results, and N workers share the
@@ -566,32 +584,32 @@ int train_worker_main(const train_options *o) {
     w.rank = terse_comm_rank(w.comm);
     w.nworkers = terse_comm_size(w.comm);
     int rc = load_data(&w);
-    /* Agree that every worker has its data before training starts. */
+    if (rc == 0 && !(w.gathered = calloc((size_t)w.nworkers * G_FIELDS, sizeof(double)))) {
+        fprintf(stderr, WHO ": rank %d: out of memory\n", w.rank);
+        rc = -1;
+    }
+    if (rc == 0 && w.rank == 0 && o->results && !(w.results = fopen(o->results, "w"))) {
+        fprintf(stderr, WHO ": rank 0: cannot write %s: %s\n", o->results, strerror(errno));
+        rc = -1;
+    }
+    /* Agree that every worker is ready (data, memory, the results file)
+     * before training starts, so none fails alone inside a collective. */
     float bad = rc == 0 ? 0.0f : 1.0f;
     s = terse_allreduce(w.comm, &bad, 1, NULL, TERSE_OP_SUM);
     if (s != TERSE_OK || bad != 0.0f) {
         if (s != TERSE_OK) fail(&w, "agreeing to start", s);
         rc = -1;
     }
-    if (rc == 0 && w.rank == 0) {
-        if (o->results) {
-            w.results = fopen(o->results, "w");
-            if (!w.results) {
-                perror(o->results);
-                rc = -1;
-            }
-        } else {
-            w.kept = kept;
-        }
-        if (!o->quiet && rc == 0)
-            fprintf(stderr, WHO ": %d workers over %s, %zu training examples each, %ld steps "
-                            "per epoch, %zu test examples\n",
-                    w.nworkers, terse_comm_provider(w.comm), w.shard_n, w.steps_per_epoch,
-                    w.test.n);
-    }
+    if (rc == 0 && w.rank == 0 && !o->quiet)
+        fprintf(stderr, WHO ": %d workers over %s, %zu training examples each, %ld steps "
+                        "per epoch, %zu test examples\n",
+                w.nworkers, terse_comm_provider(w.comm), w.shard_n, w.steps_per_epoch,
+                w.test.n);
     for (size_t i = 0; i < o->n_runs && rc == 0; i++) rc = train_run_one(&w, (int)i);
     if (w.results && fclose(w.results) != 0) rc = -1;
-    if (rc == 0 && w.rank == 0 && w.kept) train_report(o, w.kept, w.n_kept);
+    if (rc == 0 && w.rank == 0 && !o->results) train_report(o, w.kept, w.n_kept);
+    free(w.kept);
+    free(w.gathered);
     terse_comm_free(w.comm);
     dataset_free(&w.train);
     dataset_free(&w.test);
