@@ -18,7 +18,7 @@
 /* The sweep's defaults: seeds per configuration (one seed's final accuracy
  * moves by about a point at this learning rate), and the codec of the
  * small-tensor bucket in compressed runs. */
-#define TRAIN_SWEEP_SEEDS 3
+#define TRAIN_SWEEP_SEEDS 5
 #define TRAIN_SWEEP_SMALL_CODEC "int8:ef=1"
 
 static void usage(FILE *f) {
@@ -42,7 +42,7 @@ static void usage(FILE *f) {
 "  --momentum X          SGD momentum, PyTorch's form v = m v + g (0.9)\n"
 "  --seed N              initialisation, sharding, shuffling, codec draws (1)\n"
 "  --seeds K             run every configuration with seeds N..N+K-1 and report\n"
-"                        the mean and range (1; the sweep: 3)\n"
+"                        the mean and range (1; the sweep: 5)\n"
 "  --mode allreduce      synchronous SGD: average gradients every step (default)\n"
 "  --momentum-at W       global (default): momentum on the averaged gradient,\n"
 "                        as PyTorch DDP does; local: each worker's momentum is\n"
@@ -77,7 +77,7 @@ static void usage(FILE *f) {
 "the sweep:\n"
 "  --sweep               the MLP with every codec, with and without error\n"
 "                        feedback, and Local SGD every 8 steps, dense and with\n"
-"                        PowerSGD: 26 configurations x 3 seeds, about 2 minutes\n"
+"                        PowerSGD: 26 configurations x 5 seeds, about 3.5 min\n"
 "  --sweep-full          also fp16, bf16 and int8 with error feedback (29)\n"
 "  --plot FILE           where the sweep draws accuracy against bytes as a PNG\n"
 "                        (terse-sweep.png); needs gnuplot\n"
@@ -230,7 +230,7 @@ static void sweep_runs(train_options *o) {
         {"fp16", "fp16", 0},
         {"bf16", "bf16", 0},
         {"int8", "int8", 0},
-        {"qsgd 4-bit", "qsgd:bits=4", 1},
+        {"qsgd 4-bit", "qsgd:bits=4,bucket=128", 1},
         {"terngrad", "terngrad", 1},
         {"sign", "sign:bucket=256", 1},
         {"topk 1%", "topk:ratio=0.01", 1},
