@@ -108,7 +108,7 @@ fi
 if "$bench" train --sweep --seeds 1 --train-limit 2560 --test-limit 500 --epochs 1 -q \
         --plot "$tmp/sweep.png" >"$tmp/sweep.txt" 2>"$tmp/sweep.err"; then
     rows=$(grep -cE '^[a-z].* (no|yes) ' "$tmp/sweep.txt")
-    [[ $rows == 26 ]] || { bad "sweep: expected 26 rows, got $rows"; cat "$tmp/sweep.txt"; }
+    [[ $rows == 28 ]] || { bad "sweep: expected 28 rows, got $rows"; cat "$tmp/sweep.txt"; }
     if [[ ! -s $tmp/sweep.png ]] || [[ $(head -c 4 "$tmp/sweep.png" | od -An -tx1 | tr -d ' ') != 89504e47 ]]; then
         bad "sweep: no PNG written"
         cat "$tmp/sweep.err"
@@ -177,6 +177,7 @@ expect_fail 2 "already has a codec" --codec-for w2=int8 --codec-for w2=fp16
 expect_fail 2 "needs --workers 2" --sweep --workers 1
 expect_fail 2 "too many runs" --sweep --seeds 100
 expect_fail 2 "quotes" --sweep --plot "it's.png"
+expect_fail 2 "needs --momentum-at local" --mask-momentum
 expect_fail 1 "dataset-fashion-mnist" --data "$tmp/nowhere" "${subset[@]}"
 "$bench" train --help >"$tmp/help" || bad "--help exited non-zero"
 grep -q -- "--sweep" "$tmp/help" || bad "--help does not document --sweep"

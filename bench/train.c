@@ -43,6 +43,9 @@ static void usage(FILE *f) {
 "  --momentum-at W       global (default): momentum on the averaged gradient,\n"
 "                        as PyTorch DDP does; local: each worker's momentum is\n"
 "                        what travels (EF-SGDM), synchronous mode only\n"
+"  --mask-momentum       with --momentum-at local: zero the momentum of every\n"
+"                        coordinate this worker just sent (DGC's masking; for\n"
+"                        sparsifiers with ef=1)\n"
 "  --seed N              initialisation, sharding, shuffling, codec draws (1)\n"
 "  --seeds K             run every configuration with seeds N..N+K-1 and report\n"
 "                        the mean and range (1; the sweep: 5)\n"
@@ -76,9 +79,10 @@ static void usage(FILE *f) {
 "\n"
 "the sweep:\n"
 "  --sweep               the MLP with every codec, with and without error\n"
-"                        feedback, and Local SGD every 8 steps, dense and with\n"
-"                        PowerSGD: 26 configurations x 5 seeds, 2 to 4 minutes\n"
-"  --sweep-full          also fp16, bf16 and int8 with error feedback (29)\n"
+"                        feedback; top-k with DGC's momentum masking; Local SGD\n"
+"                        every 8 steps, dense and with PowerSGD: 28\n"
+"                        configurations x 5 seeds, 2 to 4 minutes\n"
+"  --sweep-full          also fp16, bf16 and int8 with error feedback (31)\n"
 "  --plot FILE           where the sweep draws accuracy against bytes as a PNG\n"
 "                        (terse-sweep.png); needs gnuplot\n"
 "\n"
@@ -192,6 +196,8 @@ static train_run *add_run(train_options *o, const char *label, const char *spec,
     if (o->n_runs >= TRAIN_MAX_RUNS) return &o->runs[TRAIN_MAX_RUNS - 1];
     train_run *r = &o->runs[o->n_runs++];
     r->local_steps = o->mode == TRAIN_MODE_LOCALSGD ? o->local_steps : 0;
+    r->local_momentum = o->local_momentum;
+    r->mask_momentum = o->mask_momentum;
     if (ef)
         with_ef(r->codec, sizeof r->codec, spec);
     else
@@ -247,6 +253,14 @@ static void sweep_runs(train_options *o) {
         add_run(o, codecs[i].label, codecs[i].spec, 0);
         if (codecs[i].ef_by_default || o->sweep_full)
             add_run(o, codecs[i].label, codecs[i].spec, 1);
+    }
+    /* Top-k with DGC's momentum correction and masking, the published recipe
+     * for sparsifiers with error feedback under momentum. */
+    for (size_t i = 0; i < 2; i++) {
+        static const char *const label[] = {"topk 1% DGC", "topk 0.1% DGC"};
+        static const char *const spec[] = {"topk:ratio=0.01", "topk:ratio=0.001"};
+        train_run *r = add_run(o, label[i], spec[i], 1);
+        r->local_momentum = r->mask_momentum = 1;
     }
     /* Fewer exchanges instead of (or as well as) smaller ones. */
     add_run(o, "local8 dense", TRAIN_DENSE, 0)->local_steps = 8;
@@ -352,6 +366,8 @@ int train_parse_args(int argc, char **argv, train_options *o) {
                 o->local_momentum = 0;
             else
                 return usage_error("--momentum-at '%s': expected local or global", v);
+        } else if (strcmp(a, "--mask-momentum") == 0) {
+            o->mask_momentum = 1;
         } else if (strcmp(a, "--seed") == 0) {
             NEED_ARG();
             if (parse_u64(v, &o->seed) != 0)
@@ -452,6 +468,8 @@ int train_parse_args(int argc, char **argv, train_options *o) {
     if (o->sweep && o->workers < 2)
         return usage_error("%s", "--sweep compares bytes on the network: it needs --workers 2 "
                                  "or more");
+    if (o->mask_momentum && !o->local_momentum)
+        return usage_error("%s", "--mask-momentum needs --momentum-at local");
     if (o->local_momentum && o->mode != TRAIN_MODE_ALLREDUCE)
         return usage_error("%s", "--momentum-at local applies to --mode allreduce only");
     if (o->plot && strpbrk(o->plot, "'\"\n\\"))

@@ -125,6 +125,7 @@ typedef struct {
     int ef;                /* 1 if codec has ef=1 (for the table) */
     uint64_t seed;         /* initialisation, sharding, shuffling, codec seeds */
     int local_steps;       /* 0: synchronous SGD; H: Local SGD, average every H */
+    int local_momentum, mask_momentum; /* as the options of the same names */
     int group;             /* runs that differ only in seed share a group */
 } train_run;
 
@@ -135,6 +136,7 @@ typedef struct {
     size_t batch;          /* per worker */
     double lr, momentum;
     int local_momentum;    /* --momentum-at local: momentum before the exchange */
+    int mask_momentum;     /* --mask-momentum: DGC's momentum factor masking */
     uint64_t seed;
     const char *provider;  /* NULL: shm */
     const char *data_dir;

@@ -351,6 +351,22 @@ static void local_momentum(const train_options *o, run_state *r) {
     }
 }
 
+/* DGC's momentum factor masking (Lin et al., "Deep Gradient Compression",
+ * ICLR 2018): a coordinate this worker has just sent starts its momentum
+ * afresh, so a sparsifier does not send the same stale velocity again. The
+ * codec's residual is exactly 0 where a sparsifier sent (its values travel
+ * bit-exact). Tensors without error feedback are left alone. */
+static void mask_momentum(run_state *r) {
+    for (size_t i = 0; i < r->nt; i++) {
+        const float *e = r->codec[i] ? terse_codec_residual(r->codec[i]) : NULL;
+        if (!e) continue;
+        float *v = r->velocity[i];
+        size_t n = model_tensor_at(r->m, i)->n;
+        for (size_t j = 0; j < n; j++)
+            if (e[j] == 0.0f) v[j] = 0.0f;
+    }
+}
+
 /* w -= lr d, where d (in grad) is the averaged direction. */
 static void apply_direction(const train_options *o, run_state *r) {
     const float lr = (float)o->lr;
@@ -391,12 +407,13 @@ static int train_step(worker *w, run_state *r, const size_t *order, long k) {
     r->t.loss_count += 1;
     if (!r->cfg->local_steps) {
         if (o->dp) privatize(w, r);
-        if (o->local_momentum) local_momentum(o, r);
+        if (r->cfg->local_momentum) local_momentum(o, r);
         double t1 = bench_now();
         r->t.compute_s += t1 - t0;
         if (exchange(w, r) != 0) return -1;
         double t2 = bench_now();
-        if (o->local_momentum)
+        if (r->cfg->mask_momentum) mask_momentum(r);
+        if (r->cfg->local_momentum)
             apply_direction(o, r);
         else
             sgd_update(o, r);

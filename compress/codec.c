@@ -103,6 +103,8 @@ terse_status terse_codec_set_stream(terse_codec *c, uint64_t tensor, uint32_t ra
 
 uint64_t terse_codec_step(const terse_codec *c) { return c ? c->step : 0; }
 
+const float *terse_codec_residual(const terse_codec *c) { return c ? c->residual : NULL; }
+
 void terse_codec_reset_residual(terse_codec *c) {
     if (c && c->residual) memset(c->residual, 0, c->n * sizeof(float));
 }

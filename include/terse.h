@@ -370,6 +370,16 @@ TERSE_API terse_status terse_codec_state_load(terse_codec *codec,
 /* Zero the error-feedback residual (if any); other state is kept. */
 TERSE_API void terse_codec_reset_residual(terse_codec *codec);
 
+/*
+ * The error-feedback residual e (terse_codec_elements() floats), read only,
+ * or NULL when the codec has no error feedback. Valid until the codec is
+ * freed; it changes on every terse_encode (and terse_allreduce) with this
+ * codec. Uses: watching ||e|| during training, and DGC-style momentum
+ * masking -- after an encode, e[i] == 0 exactly where a sparsifier (topk,
+ * randk) sent coordinate i, since its values travel bit-exact.
+ */
+TERSE_API const float *terse_codec_residual(const terse_codec *codec);
+
 /* ------------------------------------------------------------------------ */
 /* Wire format                                                              */
 /* ------------------------------------------------------------------------ */

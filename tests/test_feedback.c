@@ -240,3 +240,43 @@ Test(feedback, least_squares_scales_keep_the_residual_bounded) {
             cr_expect(worst < 3.0, "%s: |e| reached %g |g|", cases[k].spec, worst);
     }
 }
+
+/* terse_codec_residual: NULL without feedback; with it, the same floats the
+ * checkpoint holds, and for top-k exactly 0 where a coordinate was sent and
+ * the whole input elsewhere (what DGC-style momentum masking relies on). */
+Test(feedback, residual_view_matches_the_state_and_marks_what_topk_sent) {
+    enum { N = 4096 };
+    terse_codec *plain, *c;
+    cr_assert_eq(terse_codec_create("topk:ratio=0.01", N, 1, &plain), TERSE_OK);
+    cr_assert_null(terse_codec_residual(plain));
+    cr_assert_null(terse_codec_residual(NULL));
+    terse_codec_free(plain);
+
+    cr_assert_eq(terse_codec_create("topk:ratio=0.01,ef=1", N, 1, &c), TERSE_OK);
+    const float *view = terse_codec_residual(c);
+    cr_assert_not_null(view);
+    float *g = malloc(N * sizeof *g), *dec = calloc(N, sizeof *dec), *saved = malloc(N * 4);
+    size_t cap = terse_codec_bound(c), len;
+    void *msg = malloc(cap);
+    gradient(g, N, 1);
+    cr_assert_eq(terse_encode(c, g, msg, cap, &len), TERSE_OK, "%s", terse_last_error());
+    cr_assert_eq(terse_codec_residual(c), view, "the view moved");
+    read_residual(c, saved);
+    cr_assert_eq(memcmp(view, saved, N * sizeof *saved), 0);
+    cr_assert_eq(terse_decode(c, msg, len, dec, 1.0f, 0), TERSE_OK);
+    size_t sent = 0;
+    for (size_t i = 0; i < N; i++) {
+        if (dec[i] != 0.0f) {
+            sent++;
+            cr_assert_eq(view[i], 0.0f, "sent coordinate %zu has residual %g", i, view[i]);
+        } else {
+            cr_assert_eq(view[i], g[i], "unsent coordinate %zu lost its value", i);
+        }
+    }
+    cr_assert_eq(sent, 41, "top-k 1%% of %d sent %zu", N, sent);
+    free(g);
+    free(dec);
+    free(saved);
+    free(msg);
+    terse_codec_free(c);
+}
