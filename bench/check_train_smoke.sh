@@ -108,7 +108,7 @@ fi
 if "$bench" train --sweep --seeds 1 --train-limit 2560 --test-limit 500 --epochs 1 -q \
         --plot "$tmp/sweep.png" >"$tmp/sweep.txt" 2>"$tmp/sweep.err"; then
     rows=$(grep -cE '^[a-z].* (no|yes) ' "$tmp/sweep.txt")
-    [[ $rows == 28 ]] || { bad "sweep: expected 28 rows, got $rows"; cat "$tmp/sweep.txt"; }
+    [[ $rows == 29 ]] || { bad "sweep: expected 29 rows, got $rows"; cat "$tmp/sweep.txt"; }
     if [[ ! -s $tmp/sweep.png ]] || [[ $(head -c 4 "$tmp/sweep.png" | od -An -tx1 | tr -d ' ') != 89504e47 ]]; then
         bad "sweep: no PNG written"
         cat "$tmp/sweep.err"

@@ -80,9 +80,9 @@ static void usage(FILE *f) {
 "the sweep:\n"
 "  --sweep               the MLP with every codec, with and without error\n"
 "                        feedback; top-k with DGC's momentum masking; Local SGD\n"
-"                        every 8 steps, dense and with PowerSGD: 28\n"
+"                        every 8 steps, dense and with PowerSGD: 29\n"
 "                        configurations x 5 seeds, 2 to 4 minutes\n"
-"  --sweep-full          also fp16, bf16 and int8 with error feedback (31)\n"
+"  --sweep-full          also fp16, bf16 and int8 with error feedback (32)\n"
 "  --plot FILE           where the sweep draws accuracy against bytes as a PNG\n"
 "                        (terse-sweep.png); needs gnuplot\n"
 "\n"
@@ -256,9 +256,10 @@ static void sweep_runs(train_options *o) {
     }
     /* Top-k with DGC's momentum correction and masking, the published recipe
      * for sparsifiers with error feedback under momentum. */
-    for (size_t i = 0; i < 2; i++) {
-        static const char *const label[] = {"topk 1% DGC", "topk 0.1% DGC"};
-        static const char *const spec[] = {"topk:ratio=0.01", "topk:ratio=0.001"};
+    for (size_t i = 0; i < 3; i++) {
+        static const char *const label[] = {"topk 1% DGC", "topk 0.4% DGC", "topk 0.1% DGC"};
+        static const char *const spec[] = {"topk:ratio=0.01", "topk:ratio=0.004",
+                                           "topk:ratio=0.001"};
         train_run *r = add_run(o, label[i], spec[i], 1);
         r->local_momentum = r->mask_momentum = 1;
     }
