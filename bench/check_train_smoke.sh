@@ -178,6 +178,7 @@ expect_fail 2 "needs --workers 2" --sweep --workers 1
 expect_fail 2 "too many runs" --sweep --seeds 100
 expect_fail 2 "quotes" --sweep --plot "it's.png"
 expect_fail 2 "needs --momentum-at local" --mask-momentum
+expect_fail 2 "drop --momentum-at" --sweep --momentum-at local
 expect_fail 1 "dataset-fashion-mnist" --data "$tmp/nowhere" "${subset[@]}"
 "$bench" train --help >"$tmp/help" || bad "--help exited non-zero"
 grep -q -- "--sweep" "$tmp/help" || bad "--help does not document --sweep"

@@ -44,8 +44,9 @@ static void usage(FILE *f) {
 "                        as PyTorch DDP does; local: each worker's momentum is\n"
 "                        what travels (EF-SGDM), synchronous mode only\n"
 "  --mask-momentum       with --momentum-at local: zero the momentum of every\n"
-"                        coordinate this worker just sent (DGC's masking; for\n"
-"                        sparsifiers with ef=1)\n"
+"                        coordinate this worker just sent (DGC's masking);\n"
+"                        applies to tensors whose codec is topk or randk with\n"
+"                        ef=1, and leaves every other tensor alone\n"
 "  --seed N              initialisation, sharding, shuffling, codec draws (1)\n"
 "  --seeds K             run every configuration with seeds N..N+K-1 and report\n"
 "                        the mean and range (1; the sweep: 5)\n"
@@ -469,6 +470,9 @@ int train_parse_args(int argc, char **argv, train_options *o) {
     if (o->sweep && o->workers < 2)
         return usage_error("%s", "--sweep compares bytes on the network: it needs --workers 2 "
                                  "or more");
+    if (o->sweep && (o->local_momentum || o->mask_momentum))
+        return usage_error("%s", "--sweep sets the momentum of each run (its DGC rows); drop "
+                                 "--momentum-at and --mask-momentum");
     if (o->mask_momentum && !o->local_momentum)
         return usage_error("%s", "--mask-momentum needs --momentum-at local");
     if (o->local_momentum && o->mode != TRAIN_MODE_ALLREDUCE)

@@ -69,7 +69,11 @@ int train_record_read_all(const char *path, train_record **out) {
         if (n == cap) {
             int c = cap ? 2 * cap : 64;
             train_record *g = realloc(recs, (size_t)c * sizeof *g);
-            if (!g) break;
+            if (!g) {
+                fprintf(stderr, WHO ": out of memory reading %s; keeping the first %d "
+                                "records\n", path, n);
+                break;
+            }
             recs = g;
             cap = c;
         }
@@ -169,9 +173,10 @@ static double group_ratio(const group_sum *g) {
 
 static void print_setup(const train_options *o) {
     printf("# terse-bench train: %s, %d workers over %s, batch %zu per worker, lr %g, "
-           "momentum %g%s, %d epoch%s, ",
+           "momentum %g%s%s, %d epoch%s, ",
            model_kind_name(o->model), o->workers, o->provider ? o->provider : "shm", o->batch,
-           o->lr, o->momentum, o->local_momentum ? " (local)" : "", o->epochs,
+           o->lr, o->momentum, o->local_momentum ? " (local)" : "",
+           o->mask_momentum ? " masked" : "", o->epochs,
            o->epochs == 1 ? "" : "s");
     if (o->seeds > 1)
         printf("seeds %llu..%llu, ", (unsigned long long)o->seed,
@@ -336,9 +341,12 @@ static void print_json(const train_options *o, const train_record *recs, int n) 
         json_string(o->runs[k].codec);
         printf(", \"bucket_codec\": ");
         json_string(o->runs[k].small_codec);
-        printf(", \"ef\": %s, \"seed\": %llu, \"group\": %d, \"evaluations\": [",
+        printf(", \"ef\": %s, \"seed\": %llu, \"group\": %d, \"local_steps\": %d, "
+               "\"local_momentum\": %s, \"mask_momentum\": %s, \"evaluations\": [",
                o->runs[k].ef ? "true" : "false", (unsigned long long)o->runs[k].seed,
-               o->runs[k].group);
+               o->runs[k].group, o->runs[k].local_steps,
+               o->runs[k].local_momentum ? "true" : "false",
+               o->runs[k].mask_momentum ? "true" : "false");
         int first = 1;
         for (int i = 0; i < n; i++) {
             const train_record *r = &recs[i];

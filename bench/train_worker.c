@@ -91,6 +91,7 @@ typedef struct {
     size_t nt;
     terse_codec *codec[MODEL_MAX_TENSORS]; /* NULL: dense, unless in_bucket */
     int in_bucket[MODEL_MAX_TENSORS];       /* packed into the bucket */
+    int sparsifier[MODEL_MAX_TENSORS];      /* topk or randk with ef=1 */
     terse_codec *bucket_codec;              /* NULL: the bucket travels dense */
     float *velocity[MODEL_MAX_TENSORS];
     float *anchor[MODEL_MAX_TENSORS]; /* Local SGD: the model at the last average */
@@ -245,6 +246,12 @@ static int run_setup(worker *w, run_state *r, int index) {
         } else if (!dense) {
             terse_status s = make_codec(w, r, spec, t->rows, t->cols, i, &r->codec[i]);
             if (s != TERSE_OK) return fail(w, spec, s);
+            terse_codec_traits tr;
+            memset(&tr, 0, sizeof tr);
+            tr.size = sizeof tr;
+            if (terse_codec_get_traits(r->codec[i], &tr) == TERSE_OK && tr.error_feedback &&
+                (strcmp(tr.name, "topk") == 0 || strcmp(tr.name, "randk") == 0))
+                r->sparsifier[i] = 1;
         }
         r->velocity[i] = calloc(t->n, sizeof(float));
         if (!r->velocity[i]) return fail(w, "allocating momentum", TERSE_ERR_NOMEM);
@@ -355,10 +362,12 @@ static void local_momentum(const train_options *o, run_state *r) {
  * ICLR 2018): a coordinate this worker has just sent starts its momentum
  * afresh, so a sparsifier does not send the same stale velocity again. The
  * codec's residual is exactly 0 where a sparsifier sent (its values travel
- * bit-exact). Tensors without error feedback are left alone. */
+ * bit-exact). Only topk and randk tensors with error feedback are masked;
+ * others (the small bucket, dense tensors, other codecs) are left alone. */
 static void mask_momentum(run_state *r) {
     for (size_t i = 0; i < r->nt; i++) {
-        const float *e = r->codec[i] ? terse_codec_residual(r->codec[i]) : NULL;
+        if (!r->sparsifier[i]) continue;
+        const float *e = terse_codec_residual(r->codec[i]);
         if (!e) continue;
         float *v = r->velocity[i];
         size_t n = model_tensor_at(r->m, i)->n;

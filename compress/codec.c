@@ -134,6 +134,11 @@ terse_status terse_encode(terse_codec *c, const float *grad, void *dst, size_t c
                            c->ops.name, bound, cap);
     uint8_t *msg = dst;
     const float *x = grad;
+    if (c->residual && grad < c->residual + c->n && c->residual < grad + c->n)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "codec '%s': the gradient overlaps the codec's own residual "
+                           "(terse_codec_residual is read only)",
+                           c->ops.name);
     if (c->ef) {
         float *e = c->residual;
         for (size_t i = 0; i < c->n; i++) e[i] += grad[i];

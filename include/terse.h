@@ -174,7 +174,8 @@ TERSE_API const char *terse_last_error(void);
  *                         and it adds no variance. Error feedback carries the rounding
  *                         error to the next step anyway, so there the
  *                         stochastic noise only costs accuracy (4 points
- *                         on a Fashion-MNIST MLP at 4 bits). Default:
+ *                         on a Fashion-MNIST MLP at 4 bits, bucket 512,
+ *                         seeds 1-2; docs/training.md). Default:
  *                         stochastic, or nearest when ef=1. Format
  *                         unchanged. b in [2, 8] (default 4), B in [8,
  *                         2^24] (default 512). A bucket holding Inf or NaN,
@@ -194,7 +195,7 @@ TERSE_API const char *terse_last_error(void);
  *                         error feedback; format unchanged. Default: lsq=0,
  *                         or 1 when ef=1.
  *                         round=nearest keeps an element exactly when
- *                         |x| >= s/2, instead of drawing: biased,
+ *                         |x| >= max|x|/2, instead of drawing: biased,
  *                         deterministic, for error feedback, as in qsgd.
  *                         Default: stochastic, or nearest when ef=1.
  *                         B in [8, 2^24], default 512.
@@ -341,7 +342,8 @@ typedef struct terse_codec_traits {
     int summable;          /* messages of equal shape add linearly (decoded sum
                               == decode of element-wise summed payloads) */
     int error_feedback;    /* ef=1 */
-    int randomized;        /* draws random numbers */
+    int randomized;        /* may draw random numbers (qsgd and terngrad
+                              with round=nearest draw none, and still say 1) */
     double bits_per_element; /* nominal, header excluded, at this shape */
 } terse_codec_traits;
 
@@ -356,9 +358,11 @@ TERSE_API terse_status terse_codec_get_traits(const terse_codec *codec,
  * as a self-checking byte string, for checkpoints. Loading it into a codec
  * of the same spec and shape resumes bit-identically.
  *   terse_codec_state_size: exact bytes terse_codec_state_save will write.
- *   terse_codec_state_load: validates everything (magic, version, codec,
- *   shape, length, checksum) before changing anything; on error the codec
- *   is unchanged.
+ *   terse_codec_state_load: validates everything it records (magic,
+ *   version, codec, shape, ef, seed, length, checksum) before changing
+ *   anything; on error the codec is unchanged. Other options (bits, ratio,
+ *   lsq, round...) are not recorded: load a state into a codec created from
+ *   the same spec.
  */
 TERSE_API size_t terse_codec_state_size(const terse_codec *codec);
 TERSE_API terse_status terse_codec_state_save(const terse_codec *codec,
@@ -372,11 +376,15 @@ TERSE_API void terse_codec_reset_residual(terse_codec *codec);
 
 /*
  * The error-feedback residual e (terse_codec_elements() floats), read only,
- * or NULL when the codec has no error feedback. Valid until the codec is
- * freed; it changes on every terse_encode (and terse_allreduce) with this
- * codec. Uses: watching ||e|| during training, and DGC-style momentum
- * masking -- after an encode, e[i] == 0 exactly where a sparsifier (topk,
- * randk) sent coordinate i, since its values travel bit-exact.
+ * or NULL when the codec has no error feedback (or codec is NULL). Valid
+ * until the codec is freed. terse_encode (and so terse_allreduce),
+ * terse_codec_state_load and terse_codec_reset_residual write it; reading
+ * it while another thread does is a data race. It must not be the input of
+ * terse_encode or terse_allreduce (terse_encode refuses it with
+ * TERSE_ERR_INVALID). Uses: watching ||e|| during training, and DGC-style
+ * momentum masking: after an encode with topk, or randk with unbiased=0,
+ * e[i] == 0 for every coordinate i that was sent (values travel bit-exact);
+ * it is also 0 where g + e was 0, which was then sent or not to no effect.
  */
 TERSE_API const float *terse_codec_residual(const terse_codec *codec);
 

@@ -274,6 +274,12 @@ Test(feedback, residual_view_matches_the_state_and_marks_what_topk_sent) {
         }
     }
     cr_assert_eq(sent, 41, "top-k 1%% of %d sent %zu", N, sent);
+    /* The view is read only: encoding from it (or from inside it) is refused
+     * and changes nothing. */
+    memcpy(saved, view, N * sizeof *saved);
+    cr_assert_eq(terse_encode(c, view, msg, cap, &len), TERSE_ERR_INVALID);
+    cr_assert_eq(terse_encode(c, view + N / 2, msg, cap, &len), TERSE_ERR_INVALID);
+    cr_assert_eq(memcmp(view, saved, N * sizeof *saved), 0, "a refused encode changed e");
     free(g);
     free(dec);
     free(saved);
