@@ -305,156 +305,145 @@ static int check_override(const train_options *o, const char *ov) {
     return -1;
 }
 
-#define NEED_ARG()                                                                 \
-    do {                                                                           \
-        if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);     \
-        v = argv[++i];                                                             \
-    } while (0)
+/* What parsing remembers besides the options themselves. */
+typedef struct {
+    const char *codec;
+    int have_codec, have_seeds, have_small_codec;
+} parse_state;
 
-int train_parse_args(int argc, char **argv, train_options *o) {
-    memset(o, 0, sizeof *o);
-    o->model = MODEL_MLP;
-    o->workers = 2;
-    o->epochs = 2;
-    o->batch = 64;
-    o->lr = 0.1;
-    o->momentum = 0.9;
-    o->seed = 1;
-    o->data_dir = TRAIN_DEFAULT_DATA;
-    o->small = 4096;
-    o->small_codec = TRAIN_DENSE;
-    int have_seeds = 0, have_small_codec = 0;
-    const char *codec = TRAIN_DENSE;
-    int have_codec = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
-        long n;
-        uint64_t u;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage(stdout);
-            return -1;
-        } else if (strcmp(a, "--model") == 0) {
-            NEED_ARG();
-            if (model_kind_parse(v, &o->model) != 0)
-                return usage_error("--model '%s': expected softmax or mlp", v);
-        } else if (strcmp(a, "-n") == 0 || strcmp(a, "--workers") == 0) {
-            NEED_ARG();
-            if (parse_int(v, 1, 256, &n) != 0)
-                return usage_error("--workers '%s': expected an integer in [1, 256]", v);
-            o->workers = (int)n;
-        } else if (strcmp(a, "--epochs") == 0) {
-            NEED_ARG();
-            if (parse_int(v, 1, 1000, &n) != 0)
-                return usage_error("--epochs '%s': expected an integer in [1, 1000]", v);
-            o->epochs = (int)n;
-        } else if (strcmp(a, "--batch") == 0) {
-            NEED_ARG();
-            if (parse_int(v, 1, 65536, &n) != 0)
-                return usage_error("--batch '%s': expected an integer in [1, 65536]", v);
-            o->batch = (size_t)n;
-        } else if (strcmp(a, "--lr") == 0) {
-            NEED_ARG();
-            if (parse_double(v, 0.0, 1e3, &o->lr) != 0)
-                return usage_error("--lr '%s': expected a number in [0, 1000]", v);
-        } else if (strcmp(a, "--momentum") == 0) {
-            NEED_ARG();
-            if (parse_double(v, 0.0, 0.999999, &o->momentum) != 0)
-                return usage_error("--momentum '%s': expected a number in [0, 1)", v);
-        } else if (strcmp(a, "--momentum-at") == 0) {
-            NEED_ARG();
-            if (strcmp(v, "local") == 0)
-                o->local_momentum = 1;
-            else if (strcmp(v, "global") == 0)
-                o->local_momentum = 0;
-            else
-                return usage_error("--momentum-at '%s': expected local or global", v);
-        } else if (strcmp(a, "--mask-momentum") == 0) {
-            o->mask_momentum = 1;
-        } else if (strcmp(a, "--seed") == 0) {
-            NEED_ARG();
-            if (parse_u64(v, &o->seed) != 0)
-                return usage_error("--seed '%s': expected an unsigned 64-bit integer", v);
-        } else if (strcmp(a, "--codec") == 0) {
-            NEED_ARG();
-            codec = v;
-            have_codec = 1;
-        } else if (strcmp(a, "--codec-for") == 0) {
-            NEED_ARG();
-            if (o->n_overrides >= TRAIN_MAX_OVERRIDES)
-                return usage_error("too many --codec-for options (at most %s)", "8");
-            o->overrides[o->n_overrides++] = v;
-        } else if (strcmp(a, "--small") == 0) {
-            NEED_ARG();
-            if (parse_int(v, 0, 1L << 30, &n) != 0)
-                return usage_error("--small '%s': expected an element count", v);
-            o->small = (int)n;
-        } else if (strcmp(a, "--small-codec") == 0) {
-            NEED_ARG();
-            o->small_codec = v;
-            have_small_codec = 1;
-        } else if (strcmp(a, "--seeds") == 0) {
-            NEED_ARG();
-            if (parse_int(v, 1, 100, &n) != 0)
-                return usage_error("--seeds '%s': expected an integer in [1, 100]", v);
-            o->seeds = (int)n;
-            have_seeds = 1;
-        } else if (strcmp(a, "--provider") == 0) {
-            NEED_ARG();
-            o->provider = v;
-        } else if (strcmp(a, "--mode") == 0) {
-            NEED_ARG();
-            if (parse_mode(v, o) != 0)
-                return usage_error("--mode '%s': expected allreduce or localsgd:H (H >= 1)", v);
-        } else if (strcmp(a, "--dp") == 0) {
-            NEED_ARG();
-            if (parse_dp(v, o) != 0)
-                return usage_error("--dp '%s': expected clip=C,noise=S with C > 0, S >= 0", v);
-        } else if (strcmp(a, "--data") == 0) {
-            NEED_ARG();
-            o->data_dir = v;
-        } else if (strcmp(a, "--train-limit") == 0) {
-            NEED_ARG();
-            if (parse_u64(v, &u) != 0 || u == 0)
-                return usage_error("--train-limit '%s': expected a positive count", v);
-            o->train_limit = (size_t)u;
-        } else if (strcmp(a, "--test-limit") == 0) {
-            NEED_ARG();
-            if (parse_u64(v, &u) != 0 || u == 0)
-                return usage_error("--test-limit '%s': expected a positive count", v);
-            o->test_limit = (size_t)u;
-        } else if (strcmp(a, "--eval-every") == 0) {
-            NEED_ARG();
-            if (parse_int(v, 1, 1L << 30, &n) != 0)
-                return usage_error("--eval-every '%s': expected a positive step count", v);
-            o->eval_every = (int)n;
-        } else if (strcmp(a, "--target-acc") == 0) {
-            NEED_ARG();
-            if (parse_double(v, 1e-9, 100.0, &o->target_acc) != 0)
-                return usage_error("--target-acc '%s': expected a percentage in (0, 100]", v);
-        } else if (strcmp(a, "--sweep") == 0) {
-            o->sweep = 1;
-        } else if (strcmp(a, "--sweep-full") == 0) {
-            o->sweep = o->sweep_full = 1;
-        } else if (strcmp(a, "--plot") == 0) {
-            NEED_ARG();
-            o->plot = v;
-        } else if (strcmp(a, "--csv") == 0) {
-            o->csv = 1;
-        } else if (strcmp(a, "--json") == 0) {
-            o->json = 1;
-        } else if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0) {
-            o->quiet = 1;
-        } else if (strcmp(a, "--worker") == 0) {
-            o->worker = 1;
-        } else if (strcmp(a, "--results") == 0) {
-            NEED_ARG();
-            o->results = v;
-        } else {
-            return usage_error("unknown option '%s'", a);
-        }
+/* Options that take a value (the next argument). */
+static int takes_value(const char *a) {
+    static const char *const names[] = {
+        "--model", "-n", "--workers", "--epochs", "--batch", "--lr", "--momentum",
+        "--momentum-at", "--seed", "--seeds", "--mode", "--dp", "--codec", "--codec-for",
+        "--small", "--small-codec", "--provider", "--data", "--train-limit", "--test-limit",
+        "--eval-every", "--target-acc", "--plot", "--results", NULL};
+    for (size_t i = 0; names[i]; i++)
+        if (strcmp(a, names[i]) == 0) return 1;
+    return 0;
+}
+
+/* The model and optimisation options. 0 handled, -1 not one of these, or
+ * an exit code. */
+static int training_option(train_options *o, parse_state *ps, const char *a, const char *v) {
+    long n;
+    if (strcmp(a, "--model") == 0) {
+        if (model_kind_parse(v, &o->model) != 0)
+            return usage_error("--model '%s': expected softmax or mlp", v);
+    } else if (strcmp(a, "-n") == 0 || strcmp(a, "--workers") == 0) {
+        if (parse_int(v, 1, 256, &n) != 0)
+            return usage_error("--workers '%s': expected an integer in [1, 256]", v);
+        o->workers = (int)n;
+    } else if (strcmp(a, "--epochs") == 0) {
+        if (parse_int(v, 1, 1000, &n) != 0)
+            return usage_error("--epochs '%s': expected an integer in [1, 1000]", v);
+        o->epochs = (int)n;
+    } else if (strcmp(a, "--batch") == 0) {
+        if (parse_int(v, 1, 65536, &n) != 0)
+            return usage_error("--batch '%s': expected an integer in [1, 65536]", v);
+        o->batch = (size_t)n;
+    } else if (strcmp(a, "--lr") == 0) {
+        if (parse_double(v, 0.0, 1e3, &o->lr) != 0)
+            return usage_error("--lr '%s': expected a number in [0, 1000]", v);
+    } else if (strcmp(a, "--momentum") == 0) {
+        if (parse_double(v, 0.0, 0.999999, &o->momentum) != 0)
+            return usage_error("--momentum '%s': expected a number in [0, 1)", v);
+    } else if (strcmp(a, "--momentum-at") == 0) {
+        if (strcmp(v, "local") != 0 && strcmp(v, "global") != 0)
+            return usage_error("--momentum-at '%s': expected local or global", v);
+        o->local_momentum = strcmp(v, "local") == 0;
+    } else if (strcmp(a, "--seed") == 0) {
+        if (parse_u64(v, &o->seed) != 0)
+            return usage_error("--seed '%s': expected an unsigned 64-bit integer", v);
+    } else if (strcmp(a, "--seeds") == 0) {
+        if (parse_int(v, 1, 100, &n) != 0)
+            return usage_error("--seeds '%s': expected an integer in [1, 100]", v);
+        o->seeds = (int)n;
+        ps->have_seeds = 1;
+    } else if (strcmp(a, "--mode") == 0) {
+        if (parse_mode(v, o) != 0)
+            return usage_error("--mode '%s': expected allreduce or localsgd:H (H >= 1)", v);
+    } else if (strcmp(a, "--dp") == 0) {
+        if (parse_dp(v, o) != 0)
+            return usage_error("--dp '%s': expected clip=C,noise=S with C > 0, S >= 0", v);
+    } else {
+        return -1;
     }
+    return 0;
+}
+
+/* Compression, data, evaluation and output options: as training_option. */
+static int other_option(train_options *o, parse_state *ps, const char *a, const char *v) {
+    long n;
+    uint64_t u;
+    if (strcmp(a, "--codec") == 0) {
+        ps->codec = v;
+        ps->have_codec = 1;
+    } else if (strcmp(a, "--codec-for") == 0) {
+        if (o->n_overrides >= TRAIN_MAX_OVERRIDES)
+            return usage_error("too many --codec-for options (at most %s)", "8");
+        o->overrides[o->n_overrides++] = v;
+    } else if (strcmp(a, "--small") == 0) {
+        if (parse_int(v, 0, 1L << 30, &n) != 0)
+            return usage_error("--small '%s': expected an element count", v);
+        o->small = (int)n;
+    } else if (strcmp(a, "--small-codec") == 0) {
+        o->small_codec = v;
+        ps->have_small_codec = 1;
+    } else if (strcmp(a, "--provider") == 0) {
+        o->provider = v;
+    } else if (strcmp(a, "--data") == 0) {
+        o->data_dir = v;
+    } else if (strcmp(a, "--train-limit") == 0) {
+        if (parse_u64(v, &u) != 0 || u == 0)
+            return usage_error("--train-limit '%s': expected a positive count", v);
+        o->train_limit = (size_t)u;
+    } else if (strcmp(a, "--test-limit") == 0) {
+        if (parse_u64(v, &u) != 0 || u == 0)
+            return usage_error("--test-limit '%s': expected a positive count", v);
+        o->test_limit = (size_t)u;
+    } else if (strcmp(a, "--eval-every") == 0) {
+        if (parse_int(v, 1, 1L << 30, &n) != 0)
+            return usage_error("--eval-every '%s': expected a positive step count", v);
+        o->eval_every = (int)n;
+    } else if (strcmp(a, "--target-acc") == 0) {
+        if (parse_double(v, 1e-9, 100.0, &o->target_acc) != 0)
+            return usage_error("--target-acc '%s': expected a percentage in (0, 100]", v);
+    } else if (strcmp(a, "--plot") == 0) {
+        o->plot = v;
+    } else if (strcmp(a, "--results") == 0) {
+        o->results = v;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+/* Options without a value. 0 handled, -1 unknown. */
+static int flag_option(train_options *o, const char *a) {
+    if (strcmp(a, "--mask-momentum") == 0)
+        o->mask_momentum = 1;
+    else if (strcmp(a, "--sweep") == 0)
+        o->sweep = 1;
+    else if (strcmp(a, "--sweep-full") == 0)
+        o->sweep = o->sweep_full = 1;
+    else if (strcmp(a, "--csv") == 0)
+        o->csv = 1;
+    else if (strcmp(a, "--json") == 0)
+        o->json = 1;
+    else if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0)
+        o->quiet = 1;
+    else if (strcmp(a, "--worker") == 0)
+        o->worker = 1;
+    else
+        return -1;
+    return 0;
+}
+
+/* Options that are each fine but do not go together. */
+static int check_combinations(const train_options *o, const parse_state *ps) {
     if (o->csv && o->json) return usage_error("%s", "--csv and --json exclude each other");
-    if (strlen(codec) >= sizeof o->runs[0].codec || strlen(o->small_codec) >= 128)
+    if (strlen(ps->codec) >= sizeof o->runs[0].codec || strlen(o->small_codec) >= 128)
         return usage_error("%s", "a codec spec is longer than 127 characters");
     for (size_t i = 0; i < o->n_overrides; i++) {
         if (strlen(o->overrides[i]) >= 256)
@@ -480,45 +469,85 @@ int train_parse_args(int argc, char **argv, train_options *o) {
     if (o->plot && strpbrk(o->plot, "'\"\n\\"))
         return usage_error("--plot '%s': the path may not contain quotes, backslashes or "
                            "line breaks", o->plot);
-    if (o->sweep && have_codec)
+    if (o->sweep && ps->have_codec)
         return usage_error("%s", "--sweep chooses the codecs itself; drop --codec");
     if (o->sweep && o->mode != TRAIN_MODE_ALLREDUCE)
         return usage_error("%s", "--sweep sets the mode of each run; drop --mode");
     if (o->sweep && o->model != MODEL_MLP)
         return usage_error("%s", "--sweep trains the MLP; drop --model");
     if (o->plot && !o->sweep) return usage_error("%s", "--plot draws the sweep: add --sweep");
-    if (o->target_acc > 0 && o->eval_every == 0 && !o->worker && !o->quiet)
-        fprintf(stderr, WHO ": note: without --eval-every the time to --target-acc is only "
-                        "measured at epoch ends\n");
+    return 0;
+}
+
+/* The list of runs (the sweep's, or the one --codec asks for), once per
+ * seed, and, in the launcher, every codec spec tried before anything runs. */
+static int build_runs(train_options *o, const parse_state *ps) {
     if (o->sweep) {
         sweep_runs(o);
         if (!o->plot) o->plot = "terse-sweep.png";
-        if (!have_seeds) o->seeds = TRAIN_SWEEP_SEEDS;
-        if (!have_small_codec) o->small_codec = TRAIN_SWEEP_SMALL_CODEC;
+        if (!ps->have_seeds) o->seeds = TRAIN_SWEEP_SEEDS;
+        if (!ps->have_small_codec) o->small_codec = TRAIN_SWEEP_SMALL_CODEC;
     } else {
         /* Label what runs: the codec, or "custom" when --codec-for changes it. */
-        add_run(o, o->n_overrides ? "custom" : codec, codec, 0);
-        train_run *r = &o->runs[0];
-        r->ef = strstr(codec, "ef=1") != NULL;
+        add_run(o, o->n_overrides ? "custom" : ps->codec, ps->codec, 0);
+        o->runs[0].ef = strstr(ps->codec, "ef=1") != NULL;
+        if (!ps->have_seeds) o->seeds = 1;
     }
-    if (!have_seeds && !o->sweep) o->seeds = 1;
     if (o->n_runs * (size_t)o->seeds > TRAIN_MAX_RUNS)
         return usage_error("%s", "too many runs: configurations x --seeds exceeds 256");
     expand_seeds(o);
-    if (!o->worker) {
-        for (size_t i = 0; i < o->n_runs; i++)
-            if (check_spec(o->runs[i].codec, "--codec") != 0) return BENCH_EXIT_USAGE;
-        if (check_spec(o->small_codec, "--small-codec") != 0) return BENCH_EXIT_USAGE;
-        for (size_t i = 0; i < o->n_overrides; i++) {
-            int rc = check_override(o, o->overrides[i]);
-            if (rc == -1)
-                return usage_error("--codec-for '%s': expected TENSOR=SPEC with a tensor of "
-                                   "the model (mlp: w1 b1 w2 b2; softmax: w b)",
-                                   o->overrides[i]);
-            if (rc != 0) return BENCH_EXIT_USAGE;
-        }
+    if (o->worker) return 0;
+    for (size_t i = 0; i < o->n_runs; i++)
+        if (check_spec(o->runs[i].codec, "--codec") != 0) return BENCH_EXIT_USAGE;
+    if (check_spec(o->small_codec, "--small-codec") != 0) return BENCH_EXIT_USAGE;
+    for (size_t i = 0; i < o->n_overrides; i++) {
+        int rc = check_override(o, o->overrides[i]);
+        if (rc == -1)
+            return usage_error("--codec-for '%s': expected TENSOR=SPEC with a tensor of "
+                               "the model (mlp: w1 b1 w2 b2; softmax: w b)",
+                               o->overrides[i]);
+        if (rc != 0) return BENCH_EXIT_USAGE;
     }
     return 0;
+}
+
+int train_parse_args(int argc, char **argv, train_options *o) {
+    memset(o, 0, sizeof *o);
+    o->model = MODEL_MLP;
+    o->workers = 2;
+    o->epochs = 2;
+    o->batch = 64;
+    o->lr = 0.1;
+    o->momentum = 0.9;
+    o->seed = 1;
+    o->data_dir = TRAIN_DEFAULT_DATA;
+    o->small = 4096;
+    o->small_codec = TRAIN_DENSE;
+    parse_state ps = {TRAIN_DENSE, 0, 0, 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return -1;
+        }
+        int rc;
+        if (takes_value(a)) {
+            if (i + 1 >= argc) return usage_error("option '%s' needs a value", a);
+            const char *v = argv[++i];
+            rc = training_option(o, &ps, a, v);
+            if (rc == -1) rc = other_option(o, &ps, a, v);
+        } else {
+            rc = flag_option(o, a);
+        }
+        if (rc == -1) return usage_error("unknown option '%s'", a);
+        if (rc != 0) return rc;
+    }
+    int rc = check_combinations(o, &ps);
+    if (rc != 0) return rc;
+    if (o->target_acc > 0 && o->eval_every == 0 && !o->worker && !o->quiet)
+        fprintf(stderr, WHO ": note: without --eval-every the time to --target-acc is only "
+                        "measured at epoch ends\n");
+    return build_runs(o, &ps);
 }
 
 /* ---------------------------------------------------------------- launcher */

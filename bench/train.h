@@ -109,6 +109,15 @@ double model_evaluate(model *m, const float *x, const uint8_t *y, size_t b, size
 int model_kind_parse(const char *text, model_kind *kind);
 const char *model_kind_name(model_kind kind);
 
+/* ---- random streams (train_random.c) */
+
+/* A stream key for (seed, a, b): different purposes get unrelated streams. */
+uint64_t train_stream_key(uint64_t seed, uint64_t a, uint64_t b);
+/* Shuffle v[0..n) in place (Fisher-Yates), drawing from key. */
+void train_shuffle(size_t *v, size_t n, uint64_t key);
+/* x[i] += N(0, sd^2) for i < n, drawing from the stream *s (advanced). */
+void train_add_gaussian(float *x, size_t n, double sd, uint64_t *s);
+
 /* ---- training options and records (train.c, train_worker.c) */
 
 #define TRAIN_MAX_RUNS 256

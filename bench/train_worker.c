@@ -19,45 +19,6 @@
 /* Seconds between progress lines on stderr. */
 #define PROGRESS_SECONDS 2.0
 
-/* ---------------------------------------------------------------- random */
-
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t stream_key(uint64_t seed, uint64_t a, uint64_t b) {
-    uint64_t s = seed ^ 0x7472616e6974ull; /* a different stream from the model's init */
-    s = splitmix(&s) ^ a;
-    s = splitmix(&s) ^ b;
-    return splitmix(&s);
-}
-
-/* Fisher-Yates with 64-bit draws (the modulo bias is below 2^-40). */
-static void shuffle(size_t *v, size_t n, uint64_t key) {
-    for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)(splitmix(&key) % i);
-        size_t t = v[i - 1];
-        v[i - 1] = v[j];
-        v[j] = t;
-    }
-}
-
-/* Standard normal draws, Box-Muller on 53-bit uniforms. */
-static double uniform01(uint64_t *s) {
-    return ((double)(splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-static void add_gaussian(float *x, size_t n, double sd, uint64_t *s) {
-    for (size_t i = 0; i < n; i += 2) {
-        double r = sqrt(-2.0 * log(uniform01(s))), t = 6.283185307179586 * uniform01(s);
-        x[i] += (float)(sd * r * cos(t));
-        if (i + 1 < n) x[i + 1] += (float)(sd * r * sin(t));
-    }
-}
-
 /* ---------------------------------------------------------------- state */
 
 typedef struct {
@@ -220,7 +181,7 @@ static terse_status make_codec(const worker *w, const run_state *r, const char *
 static void deal_shard(worker *w, uint64_t seed) {
     size_t n = w->n_used;
     for (size_t i = 0; i < n; i++) w->perm[i] = i;
-    shuffle(w->perm, n, stream_key(seed, 0x5ba4d, 0));
+    train_shuffle(w->perm, n, train_stream_key(seed, 0x5ba4d, 0));
     for (size_t i = 0; i < w->shard_n; i++)
         w->shard[i] = w->perm[i * (size_t)w->nworkers + (size_t)w->rank];
 }
@@ -273,7 +234,7 @@ static int run_setup(worker *w, run_state *r, int index) {
     if (!(r->order = malloc(w->shard_n * sizeof *r->order)))
         return fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
     r->steps_total = w->steps_per_epoch * o->epochs;
-    r->dp_stream = stream_key(r->cfg->seed, 0xd9, (uint64_t)w->rank);
+    r->dp_stream = train_stream_key(r->cfg->seed, 0xd9, (uint64_t)w->rank);
     return 0;
 }
 
@@ -290,7 +251,7 @@ static void privatize(const worker *w, run_state *r) {
         model_tensor *t = model_tensor_at(r->m, i);
         if (f != 1.0f)
             for (size_t j = 0; j < t->n; j++) t->grad[j] *= f;
-        if (w->o->dp_noise > 0) add_gaussian(t->grad, t->n, w->o->dp_noise * c, &r->dp_stream);
+        if (w->o->dp_noise > 0) train_add_gaussian(t->grad, t->n, w->o->dp_noise * c, &r->dp_stream);
     }
 }
 
@@ -567,8 +528,8 @@ static int train_run_one(worker *w, int index) {
     size_t *order = r.order;
     for (int e = 1; e <= o->epochs && rc == 0; e++) {
         memcpy(order, w->shard, w->shard_n * sizeof *order);
-        shuffle(order, w->shard_n,
-                stream_key(r.cfg->seed, (uint64_t)e, (uint64_t)w->rank + 1));
+        train_shuffle(order, w->shard_n,
+                train_stream_key(r.cfg->seed, (uint64_t)e, (uint64_t)w->rank + 1));
         int eval_due = 0;
         for (long k = 0; k < w->steps_per_epoch && rc == 0; k++) {
             rc = train_step(w, &r, order, k);
