@@ -145,6 +145,11 @@ else
     fi
     wait "$launcher"
     got=$?
+    # libfabric's shm provider names its region after the pid
+    # (/dev/shm/<pid>:<n>:<m>, 16 MiB) and a SIGKILLed process cannot remove
+    # it; left behind, a later process that reuses the pid fails fi_enable
+    # with "Device or resource busy". Remove what the dead worker left.
+    rm -f /dev/shm/"$victim":*
     [[ $got == 1 ]] || { bad "kill: launcher exit status $got, expected 1"; cat "$tmp/kill.err"; }
     grep -q "workers failed" "$tmp/kill.err" ||
         { bad "kill: no 'workers failed' message"; cat "$tmp/kill.err"; }
