@@ -424,7 +424,7 @@ int train_plot(const train_options *o, const train_record *recs, int n) {
     fprintf(f,
             "set terminal png size 1200,760\n"
             "set output '%s'\n"
-            "set title 'terse: Fashion-MNIST, MLP 784-256-10, %d workers, batch %zu, %d epochs: "
+            "set title 'terse: Fashion-MNIST, MLP 784-256-10, %d workers, batch %zu, %d epoch%s: "
             "test accuracy against gradient bytes'\n"
             "set logscale x 10\n"
             "set format x '10^{%%L}'\n"
@@ -432,7 +432,7 @@ int train_plot(const train_options *o, const train_record *recs, int n) {
             "set ylabel 'test accuracy (%%)'\n"
             "set grid\n"
             "set key bottom right\n",
-            o->plot, o->workers, o->batch, o->epochs);
+            o->plot, o->workers, o->batch, o->epochs, o->epochs == 1 ? "" : "s");
     if (dense.seeds) {
         fprintf(f, "set yrange [%g:%g]\n", floor(dense.acc - 12), ceil(dense.acc + 2));
         fprintf(f, "set arrow from graph 0, first %.4f to graph 1, first %.4f nohead dt 2 "
@@ -445,8 +445,10 @@ int train_plot(const train_options *o, const train_record *recs, int n) {
                "'without error feedback', \\\n"
                "     $EF1 using 1:2:3:4 with yerrorbars pt 7 ps 1.6 lc rgb '#1f618d' title "
                "'with error feedback', \\\n"
-               "     $EF0 using 1:2:5 with labels offset char 0,-1 font ',8' notitle, \\\n"
-               "     $EF1 using 1:2:5 with labels offset char 0,1 font ',8' notitle\n");
+               "     $EF0 using 1:2:5 with labels left offset char 1,-0.6 font ',8' "
+               "tc rgb '#c0392b' notitle, \\\n"
+               "     $EF1 using 1:2:5 with labels left offset char 1,0.6 font ',8' "
+               "tc rgb '#1f618d' notitle\n");
     if (fclose(f) != 0) {
         unlink(script);
         fprintf(stderr, WHO ": cannot write %s\n", script);
