@@ -497,8 +497,11 @@ static int build_runs(train_options *o, const parse_state *ps) {
         return usage_error("%s", "too many runs: configurations x --seeds exceeds 256");
     expand_seeds(o);
     if (o->worker) return 0;
+    /* Once per configuration: seeds of a group share its spec. */
     for (size_t i = 0; i < o->n_runs; i++)
-        if (check_spec(o->runs[i].codec, "--codec") != 0) return BENCH_EXIT_USAGE;
+        if ((i == 0 || o->runs[i].group != o->runs[i - 1].group) &&
+            check_spec(o->runs[i].codec, "--codec") != 0)
+            return BENCH_EXIT_USAGE;
     if (check_spec(o->small_codec, "--small-codec") != 0) return BENCH_EXIT_USAGE;
     for (size_t i = 0; i < o->n_overrides; i++) {
         int rc = check_override(o, o->overrides[i]);

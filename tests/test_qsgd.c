@@ -532,7 +532,7 @@ Test(qsgd, simd_kernels_break_ties_between_draw_and_fraction_like_scalar) {
 /* lsq=1 and round=nearest are the defaults with ef=1 only, each can be
  * set either way, and the canonical spec spells both out. */
 Test(qsgd, lsq_and_nearest_are_the_defaults_only_with_ef_and_are_in_the_canonical_spec) {
-    const char *cases[][2] = {
+    static const char *const cases[][2] = {
         {"qsgd", "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,ef=0,seed=0"},
         {"qsgd:ef=1", "qsgd:bits=4,bucket=512,lsq=1,round=nearest,ef=1,seed=0"},
         {"qsgd:ef=1,lsq=0", "qsgd:bits=4,bucket=512,lsq=0,round=nearest,ef=1,seed=0"},
@@ -540,11 +540,7 @@ Test(qsgd, lsq_and_nearest_are_the_defaults_only_with_ef_and_are_in_the_canonica
         {"qsgd:ef=1,round=stochastic", "qsgd:bits=4,bucket=512,lsq=1,round=stochastic,ef=1,seed=0"},
         {"qsgd:round=nearest,seed=4", "qsgd:bits=4,bucket=512,lsq=0,round=nearest,ef=0,seed=4"},
     };
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        terse_codec *c = make(cases[k][0], 100);
-        cr_expect_str_eq(terse_codec_spec(c), cases[k][1]);
-        terse_codec_free(c);
-    }
+    tu_expect_canonical_specs(cases, sizeof cases / sizeof cases[0], 100);
 }
 
 /* The default without ef is lsq=0 with stochastic rounding, the unbiased

@@ -67,7 +67,7 @@ Test(terngrad, bad_specs_are_invalid_and_name_the_token) {
 /* ------------------------------------------------------------ lsq */
 
 Test(terngrad, lsq_and_nearest_are_the_defaults_only_with_ef_and_are_in_the_canonical_spec) {
-    const char *cases[][2] = {
+    static const char *const cases[][2] = {
         {"terngrad:ef=1", "terngrad:bucket=512,lsq=1,round=nearest,ef=1,seed=0"},
         {"terngrad:ef=1,lsq=0", "terngrad:bucket=512,lsq=0,round=nearest,ef=1,seed=0"},
         {"terngrad:lsq=1,bucket=64", "terngrad:bucket=64,lsq=1,round=stochastic,ef=0,seed=0"},
@@ -75,11 +75,7 @@ Test(terngrad, lsq_and_nearest_are_the_defaults_only_with_ef_and_are_in_the_cano
          "terngrad:bucket=512,lsq=1,round=stochastic,ef=1,seed=0"},
         {"terngrad:round=nearest,seed=3", "terngrad:bucket=512,lsq=0,round=nearest,ef=0,seed=3"},
     };
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        terse_codec *c = make(cases[k][0], 100);
-        cr_expect_str_eq(terse_codec_spec(c), cases[k][1]);
-        terse_codec_free(c);
-    }
+    tu_expect_canonical_specs(cases, sizeof cases / sizeof cases[0], 100);
 }
 
 /* Without ef the default is lsq=0 with stochastic rounding, the unbiased

@@ -112,3 +112,13 @@ void tu_expect_bad_spec(const char *spec, const char *token) {
     cr_expect_not_null(strstr(terse_last_error(), token), "spec '%s': error '%s' does not name '%s'",
                        spec, terse_last_error(), token);
 }
+
+void tu_expect_canonical_specs(const char *const (*cases)[2], size_t count, size_t n) {
+    for (size_t k = 0; k < count; k++) {
+        terse_codec *c = NULL;
+        cr_assert_eq(terse_codec_create(cases[k][0], n, 1, &c), TERSE_OK, "%s: %s", cases[k][0],
+                     terse_last_error());
+        cr_expect_str_eq(terse_codec_spec(c), cases[k][1], "from '%s'", cases[k][0]);
+        terse_codec_free(c);
+    }
+}

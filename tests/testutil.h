@@ -23,6 +23,10 @@ size_t tu_encode(terse_codec *c, const float *x, uint8_t **msg);
  * TERSE_ERR_INVALID, leaves the out pointer NULL, and terse_last_error()
  * contains `token`. */
 void tu_expect_bad_spec(const char *spec, const char *token);
+
+/* For each {spec, canonical} pair: a codec of n elements made from spec has
+ * exactly that canonical spec (terse_codec_spec). */
+void tu_expect_canonical_specs(const char *const (*cases)[2], size_t count, size_t n);
 /* The built-in codec specs the generic tests iterate over. Every built-in
  * codec appears at least once (test_codec_props checks it). */
 extern const char *const tu_specs[];
