@@ -46,7 +46,7 @@ static terse_status run(terse_comm *c, uint8_t *buf, gather_plan *p, size_t max_
                         terse__bytes_kind kind) {
     if (p->N == 1) return TERSE_OK;
     terse__comm_next_phase(c);
-    p->K = terse__chunks_for(max_block, terse__ring_chunk_bytes());
+    p->K = terse__chunks_for(max_block, terse__ring_chunk_bytes(c));
     terse__ring_sched s = {
         .nops = (p->N - 1) * p->K,
         .nchunks = p->K,
@@ -80,9 +80,8 @@ terse_status terse__allgatherv_ring(terse_comm *c, uint8_t *buf, const size_t *o
     return run(c, buf, &p, max_block, TERSE__BYTES_PAYLOAD);
 }
 
-static terse_status allgather(terse_comm *c, const void *send, size_t send_bytes, void *recv,
-                              size_t recv_cap, size_t *counts, int *keep_usable) {
-    const int N = c->nranks;
+terse_status terse__allgather_check(terse_comm *c, const void *send, size_t send_bytes,
+                                   void *recv, size_t recv_cap) {
     if (send_bytes > 0 && !send)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_allgather on rank %d: send is NULL, send_bytes = %zu", c->rank,
@@ -91,6 +90,12 @@ static terse_status allgather(terse_comm *c, const void *send, size_t send_bytes
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_allgather on rank %d: recv is NULL, recv_cap = %zu", c->rank,
                            recv_cap);
+    return TERSE_OK;
+}
+
+terse_status terse__allgather_run(terse_comm *c, const void *send, size_t send_bytes, void *recv,
+                                  size_t recv_cap, size_t *counts, int *keep_usable) {
+    const int N = c->nranks;
     /* 1. every rank's (send_bytes, recv_cap) */
     uint64_t *pairs = terse__comm_scratch(c, 1, (size_t)N * 4 * sizeof(uint64_t));
     if (!pairs) return TERSE_ERR_NOMEM;
@@ -126,10 +131,3 @@ static terse_status allgather(terse_comm *c, const void *send, size_t send_bytes
     return terse__allgatherv_ring(c, recv, off, len);
 }
 
-terse_status terse_allgather(terse_comm *c, const void *send, size_t send_bytes, void *recv,
-                             size_t recv_cap, size_t *counts) {
-    TERSE_CHECK(terse__comm_begin(c, "terse_allgather"));
-    int keep_usable = 0;
-    terse_status s = allgather(c, send, send_bytes, recv, recv_cap, counts, &keep_usable);
-    return terse__comm_end(c, s, keep_usable);
-}

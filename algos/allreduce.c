@@ -13,17 +13,19 @@
  *
  * Every choice depends only on arguments that all ranks share (n, the
  * codec's spec, the rank count), so all ranks run the same algorithm. */
+#include <stdio.h>
+
 #include "algos/comm.h"
 #include "common/error.h"
 #include "compress/codec_internal.h"
 
 terse_status terse__allreduce_dense(terse_comm *c, float *buf, size_t n, int divide) {
-    if (n <= terse__rd_max_bytes() / sizeof(float)) return terse__allreduce_rd(c, buf, n, divide);
+    if (n <= terse__rd_max_bytes(c) / sizeof(float)) return terse__allreduce_rd(c, buf, n, divide);
     return terse__allreduce_ring(c, buf, n, divide);
 }
 
-static terse_status allreduce(terse_comm *c, float *buf, size_t n, terse_codec *codec,
-                              terse_op op) {
+terse_status terse__allreduce_check(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                   terse_op op) {
     if (op != TERSE_OP_SUM && op != TERSE_OP_AVG)
         return TERSE_ERROR(TERSE_ERR_INVALID, "terse_allreduce on rank %d: unknown op %d",
                            c->rank, (int)op);
@@ -34,20 +36,48 @@ static terse_status allreduce(terse_comm *c, float *buf, size_t n, terse_codec *
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_allreduce on rank %d: n = %zu exceeds TERSE_MAX_ELEMENTS",
                            c->rank, n);
-    if (!codec) return terse__allreduce_dense(c, buf, n, op == TERSE_OP_AVG);
-    if (terse_codec_elements(codec) != n)
+    if (codec && terse_codec_elements(codec) != n)
         return TERSE_ERROR(TERSE_ERR_SHAPE,
                            "terse_allreduce on rank %d: codec '%s' is bound to %zu elements, "
                            "n = %zu",
                            c->rank, terse_codec_spec(codec), terse_codec_elements(codec), n);
+    return TERSE_OK;
+}
+
+/* The codec's state before the call, so that a failed collective can put
+ * it back (transactional state: residual, step, stream, PowerSGD's Q). */
+static terse_status snapshot(terse_comm *c, terse_codec *codec, size_t *len) {
+    size_t need = terse_codec_state_size(codec);
+    void *p = terse__comm_scratch(c, TERSE__SCRATCH_STATE, need);
+    if (!p) return TERSE_ERR_NOMEM;
+    uint64_t t0 = terse__now_ns();
+    terse_status s = terse_codec_state_save(codec, p, need, len);
+    terse__comm_codec_time(c, t0);
+    return s;
+}
+
+static terse_status run_codec(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                              terse_op op) {
     if (codec->ops.id == TERSE_ID_POWERSGD)
         return terse__allreduce_powersgd(c, buf, n, codec, op);
     if (terse__summable_supported(codec)) return terse__allreduce_summable(c, buf, n, codec, op);
     return terse__allreduce_gather(c, buf, n, codec, op);
 }
 
-terse_status terse_allreduce(terse_comm *c, float *buf, size_t n, terse_codec *codec,
-                             terse_op op) {
-    TERSE_CHECK(terse__comm_begin(c, "terse_allreduce"));
-    return terse__comm_end(c, allreduce(c, buf, n, codec, op), 0);
+terse_status terse__allreduce_run(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                  terse_op op) {
+    if (!codec) return terse__allreduce_dense(c, buf, n, op == TERSE_OP_AVG);
+    size_t len = 0;
+    TERSE_CHECK(snapshot(c, codec, &len));
+    terse_status s = run_codec(c, buf, n, codec, op);
+    if (s != TERSE_OK) {
+        /* Keep the sentence of the failure, not of the restore. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", terse_last_error());
+        if (terse_codec_state_load(codec, c->scratch[TERSE__SCRATCH_STATE], len) != TERSE_OK)
+            fprintf(stderr, "terse: rank %d: restoring codec '%s' after a failed allreduce "
+                            "failed: %s\n", c->rank, terse_codec_spec(codec), terse_last_error());
+        terse__error_restore(why);
+    }
+    return s;
 }

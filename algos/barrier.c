@@ -7,7 +7,7 @@
 #include "algos/comm.h"
 #include "common/error.h"
 
-static terse_status barrier(terse_comm *c) {
+terse_status terse__barrier_run(terse_comm *c) {
     const int N = c->nranks;
     if (N == 1) return TERSE_OK;
     terse__comm_next_phase(c);
@@ -25,7 +25,3 @@ static terse_status barrier(terse_comm *c) {
     return TERSE_OK;
 }
 
-terse_status terse_barrier(terse_comm *c) {
-    TERSE_CHECK(terse__comm_begin(c, "terse_barrier"));
-    return terse__comm_end(c, barrier(c), 0);
-}

@@ -45,7 +45,7 @@ static terse_status chain(terse_comm *c, uint8_t *buf, size_t bytes, int root) {
     const int N = c->nranks, v = (c->rank - root + N) % N;
     const int prev = (c->rank - 1 + N) % N, next = (c->rank + 1) % N;
     const int has_prev = v > 0, has_next = v < N - 1;
-    const size_t K = terse__chunks_for(bytes, terse__ring_chunk_bytes());
+    const size_t K = terse__chunks_for(bytes, terse__ring_chunk_bytes(c));
     const size_t D = K < CHAIN_DEPTH ? K : CHAIN_DEPTH;
     terse__fabric_req *rx = c->reqs, *tx = c->reqs + CHAIN_DEPTH;
     size_t off, len;
@@ -77,7 +77,7 @@ static terse_status chain(terse_comm *c, uint8_t *buf, size_t bytes, int root) {
     return TERSE_OK;
 }
 
-static terse_status broadcast(terse_comm *c, void *buf, size_t bytes, int root) {
+terse_status terse__broadcast_check(terse_comm *c, void *buf, size_t bytes, int root) {
     if (root < 0 || root >= c->nranks)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_broadcast on rank %d: root %d is not in [0, %d)", c->rank, root,
@@ -85,13 +85,12 @@ static terse_status broadcast(terse_comm *c, void *buf, size_t bytes, int root) 
     if (bytes > 0 && !buf)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_broadcast on rank %d: buf is NULL, bytes = %zu", c->rank, bytes);
-    if (bytes == 0 || c->nranks == 1) return TERSE_OK;
-    terse__comm_next_phase(c);
-    if (bytes <= terse__rd_max_bytes()) return binomial(c, buf, bytes, root);
-    return chain(c, buf, bytes, root);
+    return TERSE_OK;
 }
 
-terse_status terse_broadcast(terse_comm *c, void *buf, size_t bytes, int root) {
-    TERSE_CHECK(terse__comm_begin(c, "terse_broadcast"));
-    return terse__comm_end(c, broadcast(c, buf, bytes, root), 0);
+terse_status terse__broadcast_run(terse_comm *c, void *buf, size_t bytes, int root) {
+    if (bytes == 0 || c->nranks == 1) return TERSE_OK;
+    terse__comm_next_phase(c);
+    if (bytes <= terse__rd_max_bytes(c)) return binomial(c, buf, bytes, root);
+    return chain(c, buf, bytes, root);
 }

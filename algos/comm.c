@@ -47,6 +47,16 @@ static terse_status comm_alive(void *arg) {
     return s;
 }
 
+/* What is left of init's deadline, at least 1 ms (a store call given 0
+ * would take the whole timeout instead). */
+static int left_ms(const terse_comm *c, uint64_t deadline_ns) {
+    uint64_t now = terse__now_ns();
+    (void)c;
+    if (now >= deadline_ns) return 1;
+    uint64_t ms = (deadline_ns - now + 999999u) / 1000000u;
+    return ms > (uint64_t)INT32_MAX ? INT32_MAX : (int)ms;
+}
+
 /* Step 3: 1 if every rank's host name equals ours. */
 static terse_status same_host_check(terse_comm *c, int timeout_ms, int *same) {
     char mine[HOST_BYTES] = {0};
@@ -66,7 +76,7 @@ static terse_status same_host_check(terse_comm *c, int timeout_ms, int *same) {
 /* Steps 4-6 for more than one rank: exchange endpoint names. Every name
  * travels as a u32 length and NAME_BYTES of name, so ranks whose names
  * differ in length are caught here rather than as a mismatched AV. */
-static terse_status exchange_names(terse_comm *c, int timeout_ms) {
+static terse_status exchange_names(terse_comm *c, uint64_t deadline) {
     uint8_t mine[4 + NAME_BYTES] = {0};
     size_t len = NAME_BYTES;
     TERSE_CHECK(terse__fabric_name(c->fabric, mine + 4, &len));
@@ -76,7 +86,8 @@ static terse_status exchange_names(terse_comm *c, int timeout_ms) {
     terse_status s = TERSE_OK;
     if (!all || !names)
         TERSE_FAIL_GOTO(s, out, TERSE_ERR_NOMEM, "rank %d: allocating endpoint names", c->rank);
-    TERSE_CHECK_GOTO(terse__store_allgather(c->store, mine, sizeof mine, all, timeout_ms), s, out);
+    TERSE_CHECK_GOTO(terse__store_allgather(c->store, mine, sizeof mine, all, left_ms(c, deadline)),
+                     s, out);
     for (size_t r = 0; r < N; r++) {
         uint32_t l = terse__get_u32(all + r * sizeof mine);
         if (l != len)
@@ -89,7 +100,7 @@ static terse_status exchange_names(terse_comm *c, int timeout_ms) {
     TERSE_CHECK_GOTO(terse__fabric_set_peers(c->fabric, names, len), s, out);
     /* 6: everyone has inserted everyone */
     uint8_t ready = 1;
-    TERSE_CHECK_GOTO(terse__store_allgather(c->store, &ready, 1, all, timeout_ms), s, out);
+    TERSE_CHECK_GOTO(terse__store_allgather(c->store, &ready, 1, all, left_ms(c, deadline)), s, out);
 out:
     free(all);
     free(names);
@@ -118,28 +129,36 @@ terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out) 
     if (!c) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating a communicator", L.rank);
     c->rank = L.rank;
     c->nranks = L.nranks;
+    c->pid = getpid();
     c->timeout_ms = L.timeout_ms > 0 ? L.timeout_ms : 60000;
     c->stats = (terse_comm_stats)TERSE_COMM_STATS_INIT;
+    pthread_mutex_init(&c->stats_lock, NULL);
+    pthread_mutex_init(&c->lock, NULL);
+    TERSE_CHECK_GOTO(terse__params_read(c->rank, &c->params), s, fail);
 
+    /* One deadline for every step of init. */
+    const uint64_t deadline = terse__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
     int same = 1;
     if (c->nranks > 1) {
-        TERSE_CHECK_GOTO(terse__store_open(L.addr, c->rank, c->nranks, L.token, c->timeout_ms,
-                                           &c->store),
+        TERSE_CHECK_GOTO(terse__store_open(L.addr, c->rank, c->nranks, L.token,
+                                           left_ms(c, deadline), &c->store),
                          s, fail);
-        TERSE_CHECK_GOTO(same_host_check(c, c->timeout_ms, &same), s, fail);
+        TERSE_CHECK_GOTO(terse__params_agree(c, left_ms(c, deadline)), s, fail);
+        TERSE_CHECK_GOTO(same_host_check(c, left_ms(c, deadline), &same), s, fail);
     }
     TERSE_CHECK_GOTO(terse__fabric_open(L.provider[0] ? L.provider : "auto", same, c->rank,
                                         c->nranks, &c->fabric),
                      s, fail);
     snprintf(c->provider, sizeof c->provider, "%s", terse__fabric_provider(c->fabric));
     if (c->nranks > 1) {
-        TERSE_CHECK_GOTO(exchange_names(c, c->timeout_ms), s, fail);
+        TERSE_CHECK_GOTO(exchange_names(c, deadline), s, fail);
     } else {
         uint8_t name[NAME_BYTES];
         size_t len = sizeof name;
         TERSE_CHECK_GOTO(terse__fabric_name(c->fabric, name, &len), s, fail);
         TERSE_CHECK_GOTO(terse__fabric_set_peers(c->fabric, name, len), s, fail);
     }
+    TERSE_CHECK_GOTO(terse__engine_init(c), s, fail);
     *out = c;
     return TERSE_OK;
 fail:
@@ -150,6 +169,13 @@ fail:
 
 void terse_comm_free(terse_comm *c) {
     if (!c) return;
+    /* In a child forked after init the progress thread does not exist and
+     * the endpoint and store belong to the parent: touch nothing. */
+    if (c->pid != getpid()) return;
+    /* Requests first: whatever is still queued or running is aborted and
+     * completed, and the progress thread is gone before the endpoint. */
+    terse__engine_shutdown(c);
+    if (atomic_load(&c->aborted)) c->failed = 1;
     /* The endpoint first: once it is closed nothing can complete into our
      * requests or buffers. The store last: after a clean run its goodbye
      * tells the others this rank left rather than died; after a failure we
@@ -161,6 +187,8 @@ void terse_comm_free(terse_comm *c) {
     else
         terse__store_close(c->store);
     for (int i = 0; i < TERSE__COMM_SCRATCH; i++) free(c->scratch[i]);
+    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->stats_lock);
     free(c);
 }
 
@@ -177,34 +205,63 @@ terse_status terse_comm_get_stats(const terse_comm *c, terse_comm_stats *stats) 
                            stats->size);
     /* Fill only what the caller's (possibly older) struct holds. */
     size_t size = stats->size < sizeof c->stats ? stats->size : sizeof c->stats;
+    terse_comm *m = (terse_comm *)(uintptr_t)c; /* the lock, not the stats, changes */
+    pthread_mutex_lock(&m->stats_lock);
     memcpy((char *)stats + sizeof(size_t), (const char *)&c->stats + sizeof(size_t),
            size - sizeof(size_t));
+    pthread_mutex_unlock(&m->stats_lock);
     return TERSE_OK;
 }
 
 void terse_comm_reset_stats(terse_comm *c) {
-    if (c) c->stats = (terse_comm_stats)TERSE_COMM_STATS_INIT;
+    if (!c) return;
+    pthread_mutex_lock(&c->stats_lock);
+    c->stats = (terse_comm_stats)TERSE_COMM_STATS_INIT;
+    pthread_mutex_unlock(&c->stats_lock);
 }
 
 /* ---- services for the algorithms ---- */
 
 terse_status terse__comm_begin(terse_comm *c, const char *what) {
     if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: communicator is NULL", what);
+    if (atomic_load(&c->aborted))
+        return TERSE_ERROR(TERSE_ERR_ABORTED,
+                           "%s on rank %d: the communicator was aborted (terse_comm_abort); "
+                           "it can only be freed",
+                           what, c->rank);
+    pthread_mutex_lock(&c->lock);
+    terse_status s = TERSE_OK;
     if (c->failed)
-        return TERSE_ERROR(TERSE_ERR_INVALID, "%s on rank %d: communicator failed earlier: %s",
-                           what, c->rank, c->failure);
-    c->deadline_ns = terse__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+        s = TERSE_ERROR(TERSE_ERR_INVALID, "%s on rank %d: communicator failed earlier: %s", what,
+                        c->rank, c->failure);
+    pthread_mutex_unlock(&c->lock);
     c->store_lost_ns = 0;
     c->store_said = 0;
-    return TERSE_OK;
+    return s;
 }
 
 terse_status terse__comm_end(terse_comm *c, terse_status s, int keep_usable) {
+    if (s != TERSE_OK && s != TERSE_ERR_ABORTED && atomic_load(&c->aborted)) {
+        /* This rank aborted: whatever else went wrong meanwhile (a peer
+         * that aborted too and closed its end first), the caller asked. */
+        char why[400];
+        snprintf(why, sizeof why, "%s", terse__comm_last_sentence());
+        s = TERSE_ERROR(TERSE_ERR_ABORTED,
+                        "rank %d: aborted (terse_comm_abort); the collective also saw: %s",
+                        c->rank, why);
+    }
     if (s == TERSE_OK) {
+        pthread_mutex_lock(&c->stats_lock);
         c->stats.ops++;
-    } else if (!keep_usable && !c->failed) {
-        c->failed = 1;
-        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+        pthread_mutex_unlock(&c->stats_lock);
+    } else if (!keep_usable) {
+        pthread_mutex_lock(&c->lock);
+        if (!c->failed) {
+            c->failed = 1;
+            c->fail_status = s;
+            snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+        }
+        pthread_mutex_unlock(&c->lock);
     }
     return s;
 }
@@ -217,6 +274,7 @@ uint64_t terse__comm_tag(const terse_comm *c, uint64_t msg) {
 }
 
 static void count(terse_comm *c, size_t len, terse__bytes_kind kind, int send) {
+    pthread_mutex_lock(&c->stats_lock);
     if (send) {
         if (kind == TERSE__BYTES_PAYLOAD) c->stats.payload_bytes_sent += len;
         c->stats.wire_bytes_sent += len;
@@ -224,6 +282,7 @@ static void count(terse_comm *c, size_t len, terse__bytes_kind kind, int send) {
         if (kind == TERSE__BYTES_PAYLOAD) c->stats.payload_bytes_recv += len;
         c->stats.wire_bytes_recv += len;
     }
+    pthread_mutex_unlock(&c->stats_lock);
 }
 
 terse_status terse__comm_isend(terse_comm *c, int peer, uint64_t tag, const void *buf,
@@ -238,6 +297,13 @@ terse_status terse__comm_irecv(terse_comm *c, int peer, uint64_t tag, void *buf,
     TERSE_CHECK(terse__fabric_irecv(c->fabric, peer, tag, buf, len, req));
     count(c, len, kind, 0);
     return TERSE_OK;
+}
+
+static void add_seconds(terse_comm *c, double *field, uint64_t t0_ns) {
+    double dt = (double)(terse__now_ns() - t0_ns) * 1e-9;
+    pthread_mutex_lock(&c->stats_lock);
+    *field += dt;
+    pthread_mutex_unlock(&c->stats_lock);
 }
 
 const char *terse__comm_last_sentence(void) {
@@ -262,7 +328,7 @@ static terse_status explain(terse_comm *c, terse_status s) {
             return TERSE_ERROR(TERSE_ERR_PEER_LOST, "%s; on rank %d this surfaced as: %s", cause,
                                c->rank, here);
         }
-        if (terse__now_ns() >= until) break;
+        if (terse__now_ns() >= until || atomic_load(&c->aborted)) break;
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
     }
@@ -272,11 +338,12 @@ static terse_status explain(terse_comm *c, terse_status s) {
 terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) {
     if (n == 0) return TERSE_OK;
     uint64_t t0 = terse__now_ns();
-    terse_status s = terse__fabric_wait(c->fabric, reqs, n, c->deadline_ns,
-                                        c->store ? comm_alive : NULL, c);
+    terse__fabric_wait_opts o = {UINT64_MAX, (uint64_t)c->timeout_ms * 1000000ull, &c->aborted,
+                                 c->store ? comm_alive : NULL, c};
+    terse_status s = terse__fabric_wait_ex(c->fabric, reqs, n, &o);
     if ((s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT) && c->store && !c->store_said)
         s = explain(c, s);
-    c->stats.network_seconds += (double)(terse__now_ns() - t0) * 1e-9;
+    add_seconds(c, &c->stats.network_seconds, t0);
     return s;
 }
 
@@ -299,5 +366,5 @@ void *terse__comm_scratch(terse_comm *c, int slot, size_t bytes) {
 }
 
 void terse__comm_codec_time(terse_comm *c, uint64_t t0_ns) {
-    c->stats.codec_seconds += (double)(terse__now_ns() - t0_ns) * 1e-9;
+    add_seconds(c, &c->stats.codec_seconds, t0_ns);
 }

@@ -7,6 +7,9 @@
 #ifndef TERSE_ALGOS_COMM_H
 #define TERSE_ALGOS_COMM_H
 
+#include <pthread.h>
+#include <sys/types.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,7 +25,9 @@
 
 /* Scratch buffers an algorithm may hold at once (grow-only, kept between
  * calls so steady-state collectives do not allocate). */
-#define TERSE__COMM_SCRATCH 4
+#define TERSE__COMM_SCRATCH 6
+#define TERSE__SCRATCH_GROUP 4 /* a group's fused dense buffers (engine.c) */
+#define TERSE__SCRATCH_STATE 5 /* a codec's state before the call (allreduce.c) */
 
 /* Tags: the low 48 bits belong to us (the transport owns the high 16).
  * seq (20 bits, the collective's sequence number on this communicator)
@@ -37,30 +42,89 @@
  * own framing around it (size exchanges). */
 typedef enum { TERSE__BYTES_PAYLOAD = 0, TERSE__BYTES_FRAMING = 1 } terse__bytes_kind;
 
+/* What a request runs (engine.c). */
+typedef enum {
+    TERSE__OP_ALLREDUCE,
+    TERSE__OP_BROADCAST,
+    TERSE__OP_ALLGATHER,
+    TERSE__OP_BARRIER,
+    TERSE__OP_GROUP /* internal: the members of one terse_group_end */
+} terse__op_kind;
+
+struct terse_request {
+    terse_comm *comm;
+    terse__op_kind kind;
+    union {
+        struct { float *buf; size_t n; terse_codec *codec; terse_op op; } ar;
+        struct { void *buf; size_t bytes; int root; } bc;
+        struct { const void *send; size_t send_bytes; void *recv; size_t recv_cap;
+                 size_t *counts; } ag;
+    } a;
+    terse_request *next;    /* the queue, or the next member of a group */
+    terse_request *members; /* TERSE__OP_GROUP: its members, in start order */
+    int in_group;           /* started inside a group not yet ended */
+    int orphan;             /* freed inside its open group: free once run */
+    _Atomic int done;       /* set (release) after status and error are final */
+    terse_status status;
+    char error[512];        /* terse_last_error() of a failure, for the waiter */
+};
+
+/* Tuning that changes the algorithm or the framing: read from the
+ * environment once per communicator (common/env.h) and checked equal on
+ * every rank at init (comm_params.c). */
+typedef struct terse__params {
+    size_t rd_max_bytes;     /* TERSE_RD_MAX_BYTES, default 64 KiB */
+    size_t ring_chunk_bytes; /* TERSE_RING_CHUNK_BYTES, default 512 KiB */
+    size_t chunk_bytes;      /* TERSE_CHUNK_BYTES (transport), default 1 MiB */
+} terse__params;
+
+/* Read them (a malformed value fails with TERSE_ERR_INVALID). */
+terse_status terse__params_read(int rank, terse__params *p);
+
 struct terse_comm {
     int rank, nranks;
     int timeout_ms;
+    terse__params params;
     terse__store *store;   /* NULL for a single rank */
     terse__fabric *fabric; /* NULL for a single rank */
     char provider[64];
 
     uint32_t seq;         /* bumped once per collective phase, on every rank */
-    uint64_t deadline_ns; /* of the call in progress */
     uint64_t store_lost_ns; /* when the store first reported a loss (0: never) */
     int store_said;         /* the wait failed because the store reported a loss */
 
     int failed;
     char failure[512]; /* the sentence of the first error */
 
+    terse_status fail_status; /* the first error's status */
+
     terse_comm_stats stats;
+    pthread_mutex_t stats_lock; /* stats are written by the executor, read by anyone */
+
+    /* Engine (engine.c). lock guards the queue, busy, stop, the group and
+     * failed/failure/fail_status; `work` wakes the progress thread, `idle`
+     * wakes waiters when a request completes. Only the one executor (the
+     * thread that set busy) touches the fabric, seq, reqs and scratch. */
+    pthread_mutex_t lock;
+    pthread_cond_t work, idle;
+    pthread_t thread;
+    int has_thread;      /* TERSE_PROGRESS=thread (the default) */
+    int busy;            /* an executor is running a request */
+    int stop;            /* the progress thread should exit */
+    _Atomic int aborted; /* terse_comm_abort was called */
+    terse_request *q_head, *q_tail; /* started, not yet run */
+    int group_depth;
+    terse_request *group_head, *group_tail; /* members of the open group */
+    int engine_ready;    /* lock, conds (and thread) exist */
+    pid_t pid;           /* the process that created it: a forked child must not use it */
 
     terse__fabric_req reqs[TERSE__COMM_MAX_REQS];
     void *scratch[TERSE__COMM_SCRATCH];
     size_t scratch_cap[TERSE__COMM_SCRATCH];
 };
 
-/* Start a collective: refuse a failed communicator (TERSE_ERR_INVALID,
- * quoting the first failure), set the deadline now + timeout. */
+/* Start a collective: refuse an aborted communicator (TERSE_ERR_ABORTED)
+ * or a failed one (TERSE_ERR_INVALID, quoting the first failure). */
 terse_status terse__comm_begin(terse_comm *c, const char *what);
 
 /* Finish a collective with status s: on success count the op; on any
@@ -81,8 +145,9 @@ terse_status terse__comm_isend(terse_comm *c, int peer, uint64_t tag, const void
 terse_status terse__comm_irecv(terse_comm *c, int peer, uint64_t tag, void *buf, size_t len,
                                terse__bytes_kind kind, terse__fabric_req *req);
 
-/* Wait for reqs[0..n) until the call's deadline, checking the store for
- * lost ranks; the time spent counts as network time. */
+/* Wait for reqs[0..n), checking the store for lost ranks and the abort
+ * flag; fails with TERSE_ERR_TIMEOUT after timeout_ms with no completion
+ * (an inactivity timeout). The time spent counts as network time. */
 terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n);
 
 /* Scratch buffer `slot` of at least `bytes` (64-byte aligned), or NULL
@@ -97,6 +162,34 @@ const char *terse__comm_last_sentence(void);
 /* Add the time since t0_ns to codec_seconds. */
 void terse__comm_codec_time(terse_comm *c, uint64_t t0_ns);
 
+/* Exchange the parameters through the store; a difference fails on every
+ * rank with a sentence naming the variable and both values. */
+terse_status terse__params_agree(terse_comm *c, int timeout_ms);
+
+/* ---- engine (engine.c) ---- */
+
+/* Start the progress thread (unless TERSE_PROGRESS=caller) and the locks. */
+terse_status terse__engine_init(terse_comm *c);
+/* Abort what is in flight, stop the thread, complete every request still
+ * queued with TERSE_ERR_ABORTED. */
+void terse__engine_shutdown(terse_comm *c);
+
+/* Argument checks done at start, on the caller's thread. */
+terse_status terse__allreduce_check(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                    terse_op op);
+terse_status terse__broadcast_check(terse_comm *c, void *buf, size_t bytes, int root);
+terse_status terse__allgather_check(terse_comm *c, const void *send, size_t send_bytes,
+                                    void *recv, size_t recv_cap);
+
+/* The collectives themselves, run by the executor between
+ * terse__comm_begin and terse__comm_end. */
+terse_status terse__allreduce_run(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                  terse_op op);
+terse_status terse__broadcast_run(terse_comm *c, void *buf, size_t bytes, int root);
+terse_status terse__allgather_run(terse_comm *c, const void *send, size_t send_bytes, void *recv,
+                                  size_t recv_cap, size_t *counts, int *keep_usable);
+terse_status terse__barrier_run(terse_comm *c);
+
 /* ---- algorithms (one file each) ---- */
 
 /* Dense fp32 sum in place (any n, including 0). Chooses recursive doubling
@@ -107,7 +200,7 @@ terse_status terse__allreduce_ring(terse_comm *c, float *buf, size_t n, int divi
 terse_status terse__allreduce_rd(terse_comm *c, float *buf, size_t n, int divide);
 
 /* Buffers at most this many bytes take recursive doubling (TERSE_RD_MAX_BYTES). */
-size_t terse__rd_max_bytes(void);
+static inline size_t terse__rd_max_bytes(const terse_comm *c) { return c->params.rd_max_bytes; }
 
 /* Compressed paths, chosen by terse_allreduce from the codec's traits. */
 terse_status terse__allreduce_gather(terse_comm *c, float *buf, size_t n, terse_codec *codec,

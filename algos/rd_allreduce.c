@@ -28,22 +28,6 @@
 #include "algos/ring.h"
 #include "common/error.h"
 
-size_t terse__rd_max_bytes(void) {
-    static size_t cached;
-    static int done;
-    if (done) return cached;
-    size_t v = (size_t)64 << 10;
-    const char *e = getenv("TERSE_RD_MAX_BYTES");
-    if (e && *e) {
-        char *end;
-        unsigned long long x = strtoull(e, &end, 10);
-        if (*end == '\0' && x <= ((unsigned long long)1 << 40)) v = (size_t)x;
-    }
-    cached = v;
-    done = 1;
-    return v;
-}
-
 /* The real rank standing for new rank v after the fold. */
 static int real_rank(int v, int rem) { return v < rem ? 2 * v + 1 : v + rem; }
 

@@ -20,21 +20,6 @@
  * chunks' transfer in both directions. */
 #define RING_DEPTH 4
 
-size_t terse__ring_chunk_bytes(void) {
-    static size_t cached;
-    if (cached) return cached;
-    size_t v = (size_t)512 << 10;
-    const char *e = getenv("TERSE_RING_CHUNK_BYTES");
-    if (e && *e) {
-        char *end;
-        unsigned long long x = strtoull(e, &end, 10);
-        if (*end == '\0' && x >= 4096 && x <= ((unsigned long long)1 << 30)) v = (size_t)x;
-    }
-    v &= ~(size_t)63; /* whole cache lines, and whole floats */
-    cached = v;
-    return v;
-}
-
 void terse__reduce_add(float *restrict dst, const float *restrict src, size_t n, int divide,
                        float divisor) {
     if (divide)

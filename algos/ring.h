@@ -36,8 +36,10 @@ static inline size_t terse__chunks_for(size_t max_bytes, size_t chunk_bytes) {
 }
 
 /* The chunk size the ring pipelines in (TERSE_RING_CHUNK_BYTES, default
- * 512 KiB, at least 4 KiB). */
-size_t terse__ring_chunk_bytes(void);
+ * 512 KiB, 4 KiB .. 1 GiB, whole cache lines), as agreed at init. */
+static inline size_t terse__ring_chunk_bytes(const terse_comm *c) {
+    return c->params.ring_chunk_bytes;
+}
 
 /* What one op moves: byte ranges of the collective's buffer. */
 typedef struct terse__ring_op {

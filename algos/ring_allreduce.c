@@ -65,7 +65,7 @@ terse_status terse__allreduce_ring(terse_comm *c, float *buf, size_t n, int divi
     terse__comm_next_phase(c);
     ring_plan p = {n, N, (size_t)c->rank, 1, divide};
     size_t max_seg = n / N + (n % N != 0); /* floats in the largest segment */
-    p.K = terse__chunks_for(max_seg * sizeof(float), terse__ring_chunk_bytes());
+    p.K = terse__chunks_for(max_seg * sizeof(float), terse__ring_chunk_bytes(c));
     size_t max_chunk = max_seg / p.K + (max_seg % p.K != 0);
     terse__ring_sched s = {
         .nops = 2 * (N - 1) * p.K,

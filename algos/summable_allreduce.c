@@ -14,10 +14,11 @@
  *          travel instead of n.
  *
  * Ranks must agree on the randk stream (seed, tensor and step); a rank
- * whose codec drew other indices would add values of other coordinates.
- * The collective cannot see that without another exchange, so it is the
- * caller's contract (the same spec and the same number of steps on every
- * rank, as any data-parallel loop has). */
+ * whose codec drew other indices would add values of other coordinates, a
+ * silently wrong sum. So before the values travel, the ranks exchange the
+ * 8-byte key each message carries (one small all-gather, counted as
+ * framing) and refuse, all of them alike, with TERSE_ERR_CORRUPT when any
+ * two differ. */
 #include <string.h>
 
 #include "algos/comm.h"
@@ -43,6 +44,25 @@ static terse_status none_allreduce(terse_comm *c, float *buf, size_t n, terse_co
     return terse__allreduce_dense(c, buf, n, op == TERSE_OP_AVG);
 }
 
+/* Every rank's randk key must be ours (see the top of the file). */
+static terse_status check_keys(terse_comm *c, const terse_codec *codec, const uint8_t *key) {
+    uint64_t mine;
+    memcpy(&mine, key, sizeof mine);
+    uint64_t *all = terse__comm_scratch(c, 2, (size_t)c->nranks * sizeof(uint64_t));
+    if (!all) return TERSE_ERR_NOMEM;
+    TERSE_CHECK(terse__allgather_u64(c, mine, all));
+    for (int r = 0; r < c->nranks; r++)
+        if (all[r] != all[0])
+            return TERSE_ERROR(TERSE_ERR_CORRUPT,
+                               "randk allreduce on rank %d: rank %d's random-index stream "
+                               "(key %#llx) differs from rank 0's (%#llx): the ranks' codecs "
+                               "'%s' disagree on seed, tensor id or step, and summing their "
+                               "values would add unrelated coordinates",
+                               c->rank, r, (unsigned long long)all[r],
+                               (unsigned long long)all[0], terse_codec_spec(codec));
+    return TERSE_OK;
+}
+
 static terse_status randk_allreduce(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                     terse_op op) {
     const size_t bound = terse_codec_bound(codec);
@@ -56,6 +76,7 @@ static terse_status randk_allreduce(terse_comm *c, float *buf, size_t n, terse_c
     if (len < head || (len - head) % sizeof(float) != 0)
         return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: randk message of %zu bytes", c->rank,
                            len);
+    TERSE_CHECK(check_keys(c, codec, msg + TERSE_WIRE_HEADER_SIZE));
     /* The scratch is 64-byte aligned and head is 40: the values are
      * 8-byte aligned floats. */
     float *values = (float *)(void *)(msg + head);

@@ -61,3 +61,7 @@ terse_status terse_plugin_error(terse_status status, const char *fmt, ...) {
     va_end(ap);
     return status;
 }
+
+void terse__error_restore(const char *text) {
+    snprintf(last_error, sizeof last_error, "%s", text ? text : "");
+}

@@ -15,6 +15,10 @@
 terse_status terse__error_at(const char *file, int line, terse_status status,
                              const char *fmt, ...) TERSE__PRINTF(4, 5);
 
+/* Replace this thread's terse_last_error() with text verbatim: carries a
+ * sentence recorded on the progress thread to the thread that waits. */
+void terse__error_restore(const char *text);
+
 #define TERSE_ERROR(status, ...) terse__error_at(__FILE__, __LINE__, (status), __VA_ARGS__)
 
 /* Evaluate a call returning terse_status; on failure return its status (the

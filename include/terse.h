@@ -81,7 +81,8 @@ TERSE_API const char *terse_version_string(void);
     X(TERSE_ERR_PEER_LOST, 15, "a peer rank was lost")                         \
     X(TERSE_ERR_TRANSPORT, 16, "transport (libfabric) error")                  \
     X(TERSE_ERR_AUTH, 17, "authentication failed")                             \
-    X(TERSE_ERR_IO, 18, "input/output error")
+    X(TERSE_ERR_IO, 18, "input/output error")                                 \
+    X(TERSE_ERR_ABORTED, 19, "the communicator was aborted")
 
 typedef enum terse_status {
 #define TERSE_STATUS_ENUM_(name, value, text) name = value,
@@ -428,18 +429,37 @@ TERSE_API terse_status terse_wire_inspect(const void *src, size_t len,
 /* ------------------------------------------------------------------------ */
 
 /*
- * A communicator joins the ranks of one job over libfabric. A communicator is
- * used by one thread at a time. Every collective is called by every rank in
- * the same order with matching arguments.
+ * A communicator joins the ranks of one job over libfabric. Every collective
+ * is called (or started) by every rank in the same order with matching
+ * arguments.
  *
  * Determinism: after any collective every rank holds bitwise-identical
  * results, and the same inputs, seeds and rank count reproduce them run to
- * run (reductions happen in a fixed order).
+ * run (reductions happen in a fixed order). A non-blocking collective gives
+ * bitwise the result of its blocking form.
  *
- * Failure: no call blocks forever. A dead or silent peer makes the current
- * call return TERSE_ERR_PEER_LOST or TERSE_ERR_TIMEOUT within the timeout,
- * and terse_last_error() names the peer. After any error the communicator
- * can only be freed.
+ * Failure: no call blocks forever. A dead or silent peer makes every
+ * collective in flight return TERSE_ERR_PEER_LOST or TERSE_ERR_TIMEOUT
+ * within the timeout, and terse_last_error() names the peer. The timeout is
+ * one of inactivity: a call fails when nothing it waits for has moved for
+ * timeout_ms, so a long transfer that keeps moving never times out. After
+ * any error the communicator can only be freed.
+ *
+ * Threading: start calls (blocking or _start), terse_group_start/_end and
+ * terse_comm_free come from one thread at a time (any thread, one after the
+ * other). terse_request_test, _wait and _free may be called from different
+ * threads on different requests. terse_comm_abort may be called from any
+ * thread at any time, also while another thread is inside a call.
+ * terse_comm_get_stats may be called from any thread. Codecs handed to a
+ * collective belong to it until the collective completes.
+ *
+ * Fork: a process may fork after terse_comm_init (PyTorch's DataLoader
+ * workers do). The child at once closes its copies of the communicator's
+ * bootstrap-store sockets, so that if the parent dies the other ranks are
+ * still told within about a second that it was lost. The communicator
+ * belongs to the parent: in the child every call on it fails with
+ * TERSE_ERR_INVALID ("used in a child process forked after
+ * terse_comm_init"), terse_comm_free does nothing, and no goodbye is sent.
  */
 typedef struct terse_comm terse_comm;
 
@@ -460,8 +480,22 @@ typedef struct terse_comm terse_comm;
  *   token         TERSE_TOKEN: the job's shared secret; every connection to
  *                 the store proves it knows the token (HMAC-SHA256
  *                 challenge-response). Required when nranks > 1.
- *   timeout_ms    TERSE_TIMEOUT_MS, default 60000: the longest any call
- *                 waits on a peer before failing.
+ *   timeout_ms    TERSE_TIMEOUT_MS, default 60000: how long a call waits
+ *                 for a peer that makes no progress before failing (an
+ *                 inactivity timeout); terse_comm_init uses it as one
+ *                 deadline for all of its steps.
+ *
+ * Progress: TERSE_PROGRESS=thread (default) gives every communicator a
+ * progress thread that runs started collectives -- transfers, reductions
+ * and codec work -- while the caller computes. It sleeps while nothing is
+ * in flight; while a collective runs it polls the network (spinning
+ * briefly, then yielding, then napping 20 us after 10 ms without a
+ * completion), so it costs up to one core during transfers and nothing
+ * between them. TERSE_PROGRESS=caller starts no thread: collectives run
+ * only inside terse_request_test / _wait (and the blocking calls), on the
+ * caller's thread, so terse_request_test runs the queued collectives up to
+ * the one asked about and returns when they are done. Blocking calls made
+ * when nothing else is in flight run on the caller's thread in either mode.
  *
  * Tuning variables (environment only; set them alike on every rank):
  *   TERSE_IFACE             network interface (tcp) or device (verbs, efa)
@@ -533,6 +567,80 @@ TERSE_API terse_status terse_allgather(terse_comm *comm, const void *send, size_
 
 /* Return once every rank has entered the barrier. */
 TERSE_API terse_status terse_barrier(terse_comm *comm);
+
+/* ------------------------------------------------------------------------ */
+/* Non-blocking collectives                                                 */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * terse_X_start starts the collective terse_X with the same arguments and
+ * returns at once with a request; terse_request_wait completes it with the
+ * status terse_X would have returned, and the same result, bitwise.
+ *
+ *   - Arguments are checked at start; a bad one returns its status there
+ *     (no request is made, *req is NULL) and fails the communicator, like
+ *     the blocking call.
+ *   - Several requests may be in flight on one communicator. Every rank
+ *     starts them in the same order. They run in start order.
+ *   - Buffers (and the codec) belong to terse from start until the request
+ *     completes -- successfully or not: after a failure terse cancels and
+ *     drains every receive it posted before the request reports done, so
+ *     no late write can land in memory the caller has reused or freed.
+ *   - A request that fails leaves every codec it touched as before the
+ *     call (error-feedback residual, step, stream, PowerSGD's Q).
+ *   - Requests still in flight when the communicator fails complete with
+ *     the first failure's status; requests started after it fail at start.
+ */
+typedef struct terse_request terse_request;
+
+TERSE_API terse_status terse_allreduce_start(terse_comm *comm, float *buf, size_t n,
+                                             terse_codec *codec, terse_op op,
+                                             terse_request **req);
+TERSE_API terse_status terse_broadcast_start(terse_comm *comm, void *buf, size_t bytes,
+                                             int root, terse_request **req);
+TERSE_API terse_status terse_allgather_start(terse_comm *comm, const void *send,
+                                             size_t send_bytes, void *recv, size_t recv_cap,
+                                             size_t *counts, terse_request **req);
+TERSE_API terse_status terse_barrier_start(terse_comm *comm, terse_request **req);
+
+/* *done = 1 and the request's status once it has completed; else *done = 0
+ * and TERSE_OK. Never blocks with TERSE_PROGRESS=thread; with =caller it
+ * runs the queue up to this request (see Progress above). May be called
+ * again after completion (same status). */
+TERSE_API terse_status terse_request_test(terse_request *req, int *done);
+/* Block until the request completes; returns its status (terse_last_error()
+ * holds its sentence on this thread). May be called again after completion. */
+TERSE_API terse_status terse_request_wait(terse_request *req);
+/* Release a request. One still in flight is waited for first (it cannot be
+ * cancelled: the other ranks run it too), except inside an unended group,
+ * where it is released once it has run. NULL is accepted. A request may be
+ * freed after its communicator. */
+TERSE_API void terse_request_free(terse_request *req);
+
+/*
+ * Groups: starts between terse_group_start and terse_group_end are held and
+ * submitted together at the end (groups nest; the outermost end submits).
+ * Dense allreduces (codec NULL) of at most TERSE_RD_MAX_BYTES each are
+ * fused, per op, into one exchange per peer over their concatenation (up to
+ * 4 MiB per exchange) -- e.g. 150 bias vectors cost one round trip, not
+ * 150 -- with each result bitwise what its own call would give. The other
+ * members run after them, in start order. Blocking calls and waiting on a
+ * member are refused (TERSE_ERR_INVALID) until the group has ended. A
+ * failure fails every member with the first failure's status.
+ */
+TERSE_API terse_status terse_group_start(terse_comm *comm);
+TERSE_API terse_status terse_group_end(terse_comm *comm);
+
+/*
+ * Abort: from any thread, at any time (not from a signal handler). Every
+ * request in flight and every later call on comm returns TERSE_ERR_ABORTED,
+ * in-flight ones within 100 ms (a codec kernel already running finishes
+ * its pass first). Afterwards the communicator can only be freed; its
+ * freeing tells the other ranks this rank is gone, so their calls fail
+ * with TERSE_ERR_PEER_LOST at once rather than at their timeout. NULL is
+ * accepted. terse_comm_free with requests still in flight aborts them.
+ */
+TERSE_API void terse_comm_abort(terse_comm *comm);
 
 /* What this rank has done since init (or the last reset). */
 typedef struct terse_comm_stats {

@@ -1,7 +1,11 @@
 /* The bootstrap store, with real processes over real TCP on 127.0.0.1:
- * exchange, authentication both ways, and surviving garbage. Each rank is a
+ * exchange, authentication both ways, surviving garbage, and name
+ * resolution that keeps to its deadline. Each rank is a
  * fork()ed child that reports through its exit code (0 = every check
  * passed) and explains any failure on stderr (store_procs.h). */
+#include <netdb.h>
+#include <stdatomic.h>
+
 #include "store_procs.h"
 
 /* ---- exchange ---- */
@@ -88,7 +92,8 @@ Test(store, wrong_token_is_refused_and_the_real_ranks_still_join) {
  * nothing more (no key ever reaches it) and hangs up. */
 static int fake_store(job *j, int idx) {
     int lfd = -1;
-    REQUIRE(terse__store_listen(j->addr, &lfd) == TERSE_OK, ADDR_IN_USE, "listen");
+    REQUIRE(terse__store_listen(j->addr, now_ms() + 5000, &lfd) == TERSE_OK, ADDR_IN_USE,
+            "listen");
     REQUIRE(write(j->notify[1], "l", 1) == 1, 30, "notify");
     REQUIRE(terse__store_wait_fd(lfd, POLLIN, now_ms() + 5000) == 1, 31, "no client came");
     int fd = accept(lfd, NULL, NULL);
@@ -119,7 +124,7 @@ static int fake_store(job *j, int idx) {
     REQUIRE(terse__store_wait_fd(fd, POLLIN, now_ms() + 3000) == 1, 38, "client stayed");
     REQUIRE(read(fd, in, sizeof in) == 0, 39, "the client sent more after a bad proof");
     close(fd);
-    close(lfd);
+    terse__store_close_fd(lfd);
     return 0;
 }
 
@@ -195,7 +200,7 @@ static int vandal(job *j, int idx) {
     hdr[4] = TERSE__STORE_AUTH;
     REQUIRE(send(fd[3], hdr, sizeof hdr, MSG_NOSIGNAL) == sizeof hdr, 53, "half");
     REQUIRE(send(fd[3], junk, 20, MSG_NOSIGNAL) == 20, 54, "half");
-    close(fd[3]);
+    terse__store_close_fd(fd[3]);
     /* 4: a well-formed request that is not allowed before authenticating. */
     terse__put_u32(hdr, 10);
     hdr[4] = TERSE__STORE_SET;
@@ -218,7 +223,7 @@ static int vandal(job *j, int idx) {
     uint64_t silent_ms = now_ms() - t_silent;
     REQUIRE(silent_ms >= 1500 && silent_ms < 3500, 58, "silent connection dropped after %llu ms",
             (unsigned long long)silent_ms);
-    for (int k = 0; k < 5; k++) close(fd[order[k]]);
+    for (int k = 0; k < 5; k++) terse__store_close_fd(fd[order[k]]);
     REQUIRE(write(j->notify[1], "d", 1) == 1, 59, "notify");
     return 0;
 }
@@ -259,4 +264,120 @@ Test(store, garbage_connections_are_dropped_and_logged_while_ranks_join) {
     cr_expect(!strstr(log, "lost"), "no rank was lost: %s", log);
     free(log);
     unlink(j.log);
+}
+
+/* ---- name resolution with a deadline ---- */
+
+static atomic_int lookups;
+
+/* Stand-ins for getaddrinfo on the helper thread: one that must not be
+ * called, one that answers at once and one that answers after 1.5 s (both
+ * with a real result for 127.0.0.1, which the abandoned helper must free). */
+static int counting_lookup(const char *host, const char *port, const struct addrinfo *hints,
+                           struct addrinfo **res) {
+    (void)host, (void)port, (void)hints, (void)res;
+    atomic_fetch_add(&lookups, 1);
+    return EAI_FAIL;
+}
+
+static int quick_lookup(const char *host, const char *port, const struct addrinfo *hints,
+                        struct addrinfo **res) {
+    (void)host;
+    atomic_fetch_add(&lookups, 1);
+    struct addrinfo h = *hints;
+    h.ai_flags |= AI_NUMERICHOST;
+    return getaddrinfo("127.0.0.1", port, &h, res);
+}
+
+static int slow_lookup(const char *host, const char *port, const struct addrinfo *hints,
+                       struct addrinfo **res) {
+    sleep_ms(1500);
+    return quick_lookup(host, port, hints, res);
+}
+
+Test(store, numeric_addresses_resolve_at_once_without_a_lookup) {
+    terse__store_gai_hook = counting_lookup;
+    const char *addrs[] = {"127.0.0.1:5000", "[::1]:5000", "0.0.0.0:1"};
+    for (size_t i = 0; i < sizeof addrs / sizeof *addrs; i++) {
+        struct addrinfo *ai = NULL;
+        uint64_t t0 = now_ms();
+        cr_expect_eq(terse__store_resolve(addrs[i], 0, t0 + 1000, &ai), TERSE_OK, "%s: %s",
+                     addrs[i], terse_last_error());
+        cr_expect_leq(now_ms() - t0, 50, "%s took %llu ms", addrs[i],
+                      (unsigned long long)(now_ms() - t0));
+        cr_expect_not_null(ai);
+        if (ai) freeaddrinfo(ai);
+    }
+    /* Even with the deadline already past. */
+    struct addrinfo *ai = NULL;
+    cr_expect_eq(terse__store_resolve("127.0.0.1:5000", 1, 0, &ai), TERSE_OK);
+    if (ai) freeaddrinfo(ai);
+    cr_expect_eq(atomic_load(&lookups), 0, "a numeric address went to the name service");
+    cr_expect_eq(terse__store_resolves_in_flight(), 0);
+}
+
+Test(store, a_name_is_looked_up_on_a_helper_thread) {
+    terse__store_gai_hook = quick_lookup;
+    struct addrinfo *ai = NULL;
+    cr_assert_eq(terse__store_resolve("rank0.example:5000", 0, now_ms() + 1000, &ai), TERSE_OK,
+                 "%s", terse_last_error());
+    cr_expect_eq(atomic_load(&lookups), 1);
+    cr_expect_eq(ai->ai_family, AF_INET);
+    cr_expect_eq(ntohs(((struct sockaddr_in *)ai->ai_addr)->sin_port), 5000);
+    freeaddrinfo(ai);
+    uint64_t end = now_ms() + 2000;
+    while (terse__store_resolves_in_flight() && now_ms() < end) sleep_ms(1);
+    cr_expect_eq(terse__store_resolves_in_flight(), 0, "the helper did not end");
+}
+
+/* The name service here has no network behind it, so the real lookup of a
+ * reserved name fails at once; elsewhere it may instead take until the
+ * deadline. Either way it must not take longer, and must name the host. */
+Test(store, an_unresolvable_name_fails_naming_it_within_the_deadline) {
+    struct addrinfo *ai = NULL;
+    uint64_t t0 = now_ms();
+    terse_status st = terse__store_resolve("nonexistent.invalid:5000", 0, t0 + 1500, &ai);
+    uint64_t dt = now_ms() - t0;
+    cr_expect(st == TERSE_ERR_INVALID || st == TERSE_ERR_TIMEOUT, "got %s",
+              terse_status_name(st));
+    cr_expect_null(ai);
+    cr_expect_leq(dt, 1500 + 250, "took %llu ms", (unsigned long long)dt);
+    cr_expect(strstr(terse_last_error(), "nonexistent.invalid"), "%s", terse_last_error());
+    if (st == TERSE_ERR_INVALID)
+        cr_expect(strstr(terse_last_error(), "cannot resolve the store address "
+                                             "nonexistent.invalid:5000: "),
+                  "%s", terse_last_error());
+}
+
+Test(store, a_lookup_that_hangs_times_out_at_the_deadline_and_cleans_up_after_itself) {
+    terse__store_gai_hook = slow_lookup;
+    struct addrinfo *ai = NULL;
+    uint64_t t0 = now_ms();
+    cr_expect_eq(terse__store_resolve("slow.example:5000", 0, t0 + 200, &ai), TERSE_ERR_TIMEOUT);
+    uint64_t dt = now_ms() - t0;
+    cr_expect(dt >= 195 && dt < 700, "gave up after %llu ms", (unsigned long long)dt);
+    cr_expect_null(ai);
+    cr_expect(strstr(terse_last_error(), "'slow.example'"), "%s", terse_last_error());
+    const char *in = strstr(terse_last_error(), "no answer in ");
+    unsigned waited = 0;
+    cr_expect(in && sscanf(in, "no answer in %u ms", &waited) == 1 && waited >= 150 &&
+                  waited < 700,
+              "the time waited: %s", terse_last_error());
+    /* The abandoned helper is still looking; when it ends it frees the
+     * lookup and its result (LeakSanitizer checks the latter). */
+    cr_expect_eq(terse__store_resolves_in_flight(), 1);
+    uint64_t end = now_ms() + 4000;
+    while (terse__store_resolves_in_flight() && now_ms() < end) sleep_ms(10);
+    cr_expect_eq(terse__store_resolves_in_flight(), 0, "the abandoned helper did not end");
+}
+
+Test(store, joining_through_a_name_that_does_not_resolve_in_time_times_out) {
+    terse__store_gai_hook = slow_lookup;
+    terse__store *s = NULL;
+    uint64_t t0 = now_ms();
+    cr_expect_eq(terse__store_open("slow.example:5000", 1, 2, "t", 300, &s), TERSE_ERR_TIMEOUT);
+    uint64_t dt = now_ms() - t0;
+    cr_expect_null(s);
+    cr_expect(dt >= 295 && dt < 800, "gave up after %llu ms", (unsigned long long)dt);
+    cr_expect(strstr(terse_last_error(), "slow.example"), "%s", terse_last_error());
 }

@@ -211,11 +211,12 @@ Test(store, rank_0_reports_an_address_already_in_use) {
     int fd = -1;
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", free_port());
-    cr_assert_eq(terse__store_listen(addr, &fd), TERSE_OK, "%s", terse_last_error());
+    cr_assert_eq(terse__store_listen(addr, now_ms() + 5000, &fd), TERSE_OK, "%s",
+                 terse_last_error());
     terse__store *s = NULL;
     cr_expect_eq(terse__store_open(addr, 0, 2, "t", 1000, &s), TERSE_ERR_IO);
     cr_expect_null(s);
     cr_expect(strstr(terse_last_error(), addr), "%s", terse_last_error());
     cr_expect(strstr(terse_last_error(), "in use"), "%s", terse_last_error());
-    close(fd);
+    terse__store_close_fd(fd);
 }

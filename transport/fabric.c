@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "common/bytes.h"
+#include "common/env.h"
 #include "common/error.h"
 #include "transport/fabric_impl.h"
 
@@ -26,25 +27,6 @@ uint64_t terse__now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* A byte count with an optional k/m/g suffix (powers of 1024). */
-static terse_status env_bytes(const char *var, size_t dflt, size_t *out) {
-    const char *s = getenv(var);
-    *out = dflt;
-    if (!s || !*s) return TERSE_OK;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    unsigned shift = 0;
-    if (*end == 'k' || *end == 'K') shift = 10, end++;
-    else if (*end == 'm' || *end == 'M') shift = 20, end++;
-    else if (*end == 'g' || *end == 'G') shift = 30, end++;
-    if (errno || end == s || *end || *s == '-' || v == 0 || v > (SIZE_MAX >> shift))
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "%s='%s' is not a positive byte count (e.g. 1048576 or 1m)", var, s);
-    *out = (size_t)v << shift;
-    return TERSE_OK;
 }
 
 static size_t queue_slots(size_t depth) {
@@ -121,7 +103,7 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
         return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_open: rank %d is not in [0, %d)", rank,
                            nranks);
     size_t chunk;
-    TERSE_CHECK(env_bytes("TERSE_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, &chunk));
+    TERSE_CHECK(terse__env_bytes("TERSE_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, 1, SIZE_MAX, &chunk));
     const char *force_mr = getenv("TERSE_FABRIC_REGISTER");
 
     terse__fabric *f = calloc(1, sizeof *f);

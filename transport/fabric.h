@@ -19,6 +19,7 @@
 #define TERSE_TRANSPORT_FABRIC_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "terse.h"
@@ -82,6 +83,32 @@ terse_status terse__fabric_irecv(terse__fabric *f, int peer, uint64_t tag, void 
 typedef terse_status (*terse__fabric_alive_fn)(void *arg);
 terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_t n,
                                 uint64_t deadline_ns, terse__fabric_alive_fn alive, void *arg);
+
+/* The general wait: like terse__fabric_wait, with
+ *   deadline_ns  absolute CLOCK_MONOTONIC limit (UINT64_MAX: none);
+ *   idle_ns      an inactivity limit: TERSE_ERR_TIMEOUT once no completion
+ *                of any kind arrived for this long (0: none), so a long
+ *                transfer that keeps moving never times out;
+ *   abort        when *abort becomes nonzero (any thread may set it) the
+ *                wait stops with TERSE_ERR_ABORTED within one progress
+ *                round (microseconds).
+ * terse__fabric_wait is this with only a deadline. */
+typedef struct terse__fabric_wait_opts {
+    uint64_t deadline_ns;
+    uint64_t idle_ns;
+    const _Atomic int *abort;
+    terse__fabric_alive_fn alive;
+    void *arg;
+} terse__fabric_wait_opts;
+terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, size_t n,
+                                   const terse__fabric_wait_opts *opts);
+
+/* After a failure: cancel every operation still posted, give the
+ * cancellations a short bounded time (at most 20 ms) to come back, then
+ * close the endpoint, so that nothing the provider still held can write
+ * into a caller's buffer once this returns. Only terse__fabric_close may
+ * follow. Idempotent; NULL is accepted. */
+void terse__fabric_quiesce(terse__fabric *f);
 
 /* Bytes handed to libfabric so far (payload) -- for terse_comm_stats. */
 void terse__fabric_counters(const terse__fabric *f, uint64_t *sent, uint64_t *recv);

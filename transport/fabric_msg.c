@@ -284,6 +284,7 @@ terse_status terse__fabric_irecv(terse__fabric *f, int peer, uint64_t tag, void 
 
 static void slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send) {
     terse__fabric_slot **pool = is_send ? &f->tx_free : &f->rx_free;
+    s->op = NULL; /* not posted: quiesce cancels only slots with an op */
     s->next_free = *pool;
     *pool = s;
 }
@@ -385,21 +386,27 @@ static size_t bytes_done(const terse__fabric *f, const terse__fabric_req *r) {
     return r->done == r->chunks ? r->len : 0;
 }
 
-static terse_status timed_out(terse__fabric *f, const terse__fabric_req *r, uint64_t start) {
+static terse_status timed_out(terse__fabric *f, const terse__fabric_req *r, uint64_t start,
+                              uint64_t idle_ns) {
+    char why[96] = "";
+    if (idle_ns)
+        snprintf(why, sizeof why, " with no progress for the last %llu ms",
+                 (unsigned long long)(idle_ns / 1000000u));
     return fail(f, TERSE_ERROR(TERSE_ERR_TIMEOUT,
-                               "rank %d: timed out after %llu ms %s rank %d (tag %#llx, %zu of "
+                               "rank %d: timed out after %llu ms%s %s rank %d (tag %#llx, %zu of "
                                "%zu bytes done, provider %s)",
                                f->rank, (unsigned long long)((terse__now_ns() - start) / 1000000u),
-                               dir_text(r), r->peer, (unsigned long long)r->tag, bytes_done(f, r),
-                               r->len, f->provider));
+                               why, dir_text(r), r->peer, (unsigned long long)r->tag,
+                               bytes_done(f, r), r->len, f->provider));
 }
 
 /* Each round: drain completions, post what the windows now allow, check
- * the requests, then the deadline and the caller's liveness probe; back
- * off (yield, later nap) while nothing completes. */
-terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_t n,
-                                uint64_t deadline_ns, terse__fabric_alive_fn alive, void *arg) {
-    if (!f || (n && !reqs)) return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_wait: NULL argument");
+ * the requests, then abort, the limits and the caller's liveness probe;
+ * back off (yield, later nap) while nothing completes. */
+terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, size_t n,
+                                   const terse__fabric_wait_opts *o) {
+    if (!f || (n && !reqs) || !o)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_wait: NULL argument");
     if (f->failed)
         return TERSE_ERROR(f->failed, "rank %d: the transport failed earlier; it can only be closed",
                            f->rank);
@@ -416,20 +423,84 @@ terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_
         }
         if (!pending) return TERSE_OK;
         uint64_t now = terse__now_ns();
-        if (now >= deadline_ns) return timed_out(f, pending, start);
-        if (alive && now - last_alive >= ALIVE_PERIOD_NS) {
-            last_alive = now;
-            terse_status st = alive(arg);
-            if (st != TERSE_OK) return fail(f, st);
-        }
         if (events) {
             idle = 0;
             last_event = now;
-        } else if (now - last_event >= NAP_AFTER_NS) {
+        }
+        if (o->abort && atomic_load_explicit(o->abort, memory_order_acquire))
+            return fail(f, TERSE_ERROR(TERSE_ERR_ABORTED,
+                                       "rank %d: aborted (terse_comm_abort) while %s rank %d "
+                                       "(%zu of %zu bytes done)",
+                                       f->rank, dir_text(pending), pending->peer,
+                                       bytes_done(f, pending), pending->len));
+        if (now >= o->deadline_ns) return timed_out(f, pending, start, 0);
+        if (o->idle_ns && now - last_event >= o->idle_ns)
+            return timed_out(f, pending, start, now - last_event);
+        if (o->alive && now - last_alive >= ALIVE_PERIOD_NS) {
+            last_alive = now;
+            terse_status st = o->alive(o->arg);
+            if (st != TERSE_OK) return fail(f, st);
+        }
+        if (events) continue;
+        if (now - last_event >= NAP_AFTER_NS) {
             struct timespec nap = {0, NAP_NS};
             nanosleep(&nap, NULL);
         } else if (++idle >= IDLE_SPINS) {
             sched_yield();
         }
     }
+}
+
+terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_t n,
+                                uint64_t deadline_ns, terse__fabric_alive_fn alive, void *arg) {
+    terse__fabric_wait_opts o = {deadline_ns, 0, NULL, alive, arg};
+    return terse__fabric_wait_ex(f, reqs, n, &o);
+}
+
+/* Receives still posted into caller memory. */
+static size_t posted_receives(const terse__fabric *f) {
+    size_t n = 0;
+    for (const terse__fabric_op *op = f->active_head; op; op = op->next)
+        if (!op->req->is_send) n += op->inflight;
+    return n;
+}
+
+/* A chunk that came back (done, failed or cancelled) during quiesce: it
+ * no longer holds caller memory. */
+static void returned(terse__fabric *f, terse__fabric_slot *s) {
+    if (!s || !s->op) return;
+    terse__fabric_op *op = s->op;
+    if (op->inflight) op->inflight--;
+    slot_put(f, s, op->req->is_send);
+}
+
+/* Cancel what is posted and collect what comes back, for at most 20 ms.
+ * Once no receive is left posted, nothing can write into caller memory:
+ * progress is manual, and the fabric refuses all but close from now on.
+ * Receives the provider would not give back within the bound are made
+ * harmless by closing the endpoint, which discards them. Sends only read
+ * caller memory, and after a failure nothing progresses them again. */
+void terse__fabric_quiesce(terse__fabric *f) {
+    if (!f || !f->ep) return;
+    if (f->failed == TERSE_OK) f->failed = TERSE_ERR_ABORTED;
+    for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
+        if (f->slots[i].op) (void)fi_cancel(&f->ep->fid, &f->slots[i].ctx);
+    uint64_t until = terse__now_ns() + 20000000ull;
+    while (posted_receives(f) && terse__now_ns() < until) {
+        struct fi_cq_tagged_entry ent[CQ_BATCH];
+        ssize_t got = fi_cq_read(f->cq, ent, CQ_BATCH);
+        for (ssize_t k = 0; k < got; k++) returned(f, ent[k].op_context);
+        if (got == -FI_EAVAIL) {
+            struct fi_cq_err_entry e;
+            memset(&e, 0, sizeof e);
+            if (fi_cq_readerr(f->cq, &e, 0) > 0) returned(f, e.op_context);
+        } else if (got <= 0) {
+            sched_yield();
+        }
+    }
+    if (posted_receives(f) == 0) return;
+    int ret = fi_close(&f->ep->fid);
+    terse__fabric_release_ops(f);
+    if (ret == -FI_EBUSY) fi_close(&f->ep->fid);
+    f->ep = NULL;
 }

@@ -29,6 +29,7 @@ struct terse__store {
     terse__store_rx rx;
     terse__store_tx tx;
     uint32_t next_id, ag_seq;
+    unsigned fork_gen; /* terse__store_fork_gen() when opened */
     int lost_rank;     /* first rank the server reported lost, or -1 */
     int gone;          /* the connection to the server has ended */
     char gone_why[128];
@@ -44,6 +45,18 @@ static terse_status fail_lost(const terse__store *s) {
                            s->lost_rank, s->addr, s->rank);
     return TERSE_ERROR(TERSE_ERR_PEER_LOST, "rank %d lost the bootstrap store at %s (rank 0): %s",
                        s->rank, s->addr, s->gone_why);
+}
+
+/* 1 if s was inherited across fork(): its fds were closed in the child
+ * (store_fork.c) and, on rank 0, the server thread does not exist here. */
+static int forked(const terse__store *s) { return s->fork_gen != terse__store_fork_gen(); }
+
+static terse_status fail_forked(const terse__store *s) {
+    return TERSE_ERROR(TERSE_ERR_INVALID,
+                       "rank %d's bootstrap store (%s) was used in a child process forked after "
+                       "terse_comm_init; the communicator belongs to the parent process, and "
+                       "the child's copies of its store sockets were closed at the fork",
+                       s->rank, s->addr);
 }
 
 static void mark_gone(terse__store *s, const char *why) {
@@ -227,7 +240,7 @@ static terse_status join(terse__store *s, const char *token) {
             terse_status st = handshake(s, token, deadline, &retry, why, sizeof why);
             if (st == TERSE_OK && !retry) return TERSE_OK;
             /* Refused, or refusing: hang up without another word (no BYE). */
-            close(s->fd);
+            terse__store_close_fd(s->fd);
             s->fd = -1;
             if (st != TERSE_OK) return st;
         }
@@ -271,6 +284,7 @@ terse_status terse__store_open(const char *addr, int rank, int nranks, const cha
     s->timeout_ms = timeout_ms;
     s->lost_rank = -1;
     s->next_id = 1;
+    s->fork_gen = terse__store_fork_gen();
     snprintf(s->addr, sizeof s->addr, "%s", addr);
     TERSE_CHECK_GOTO(terse__store_rx_init(&s->rx, TERSE__STORE_MAX_BODY), st, fail);
     /* Rank 0 lingers at close for up to the timeout, so that no rank loses
@@ -286,8 +300,22 @@ fail:
     return st;
 }
 
+/* In a forked child: the fds are already closed (and their numbers may be
+ * reused), and the server is the parent's: touch neither, send nothing. The
+ * server's memory stays allocated in the child; its state may have been
+ * mid-update on the thread that the child does not have. */
+static void leave_forked(terse__store *s) {
+    terse__store_rx_free(&s->rx);
+    terse__store_tx_free(&s->tx);
+    free(s);
+}
+
 static void leave(terse__store *s, int orderly) {
     if (!s) return;
+    if (forked(s)) {
+        leave_forked(s);
+        return;
+    }
     if (orderly && s->fd >= 0 && !s->gone) {
         /* Say goodbye, half-close, and wait briefly for the server to close
          * its end: then the BYE has certainly been read, and our close
@@ -306,7 +334,7 @@ static void leave(terse__store *s, int orderly) {
             }
         }
     }
-    if (s->fd >= 0) close(s->fd);
+    terse__store_close_fd(s->fd);
     terse__store_server_stop(s->server, !orderly);
     terse__store_rx_free(&s->rx);
     terse__store_tx_free(&s->tx);
@@ -320,6 +348,7 @@ void terse__store_abandon(terse__store *s) { leave(s, 0); }
 
 static terse_status check_key(const terse__store *s, const char *key) {
     if (!s) return TERSE_ERROR(TERSE_ERR_INVALID, "the store is NULL");
+    if (forked(s)) return fail_forked(s);
     if (!key || !*key || strlen(key) > TERSE__STORE_MAX_KEY)
         return TERSE_ERROR(TERSE_ERR_INVALID, "a store key must be 1 to %d bytes long",
                            TERSE__STORE_MAX_KEY);
@@ -395,6 +424,7 @@ terse_status terse__store_get(terse__store *s, const char *key, void *val, size_
 terse_status terse__store_allgather(terse__store *s, const void *mine, size_t len, void *all,
                                     int timeout_ms) {
     if (!s) return TERSE_ERROR(TERSE_ERR_INVALID, "the store is NULL");
+    if (forked(s)) return fail_forked(s);
     if (len > TERSE__STORE_MAX_VALUE || (len && (!mine || !all)))
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "store allgather of %zu bytes per rank (at most %d, buffers non-NULL)",
@@ -432,6 +462,7 @@ terse_status terse__store_allgather(terse__store *s, const void *mine, size_t le
 terse_status terse__store_check(void *store) {
     terse__store *s = store;
     if (!s) return TERSE_ERROR(TERSE_ERR_INVALID, "terse__store_check: the store is NULL");
+    if (forked(s)) return fail_forked(s);
     const uint8_t *b;
     size_t n;
     /* Deadline 0: take in only what has already arrived, never wait. */

@@ -15,7 +15,27 @@
  * The server runs on a thread inside rank 0 for the communicator's
  * lifetime. Each client keeps its connection open: when a rank's
  * connection drops, the server tells the remaining ranks ("rank r lost"),
- * which terse__store_check reports as TERSE_ERR_PEER_LOST. */
+ * which terse__store_check reports as TERSE_ERR_PEER_LOST.
+ *
+ * Fork. A process may fork after opening a store (PyTorch's DataLoader
+ * forks its workers after the communicator exists). The child must not
+ * keep the store's sockets open: if the parent then died, the server would
+ * never see its connection end and nobody would be told the rank was lost.
+ * So a pthread_atfork child handler, installed once before the first store
+ * socket exists, closes in the child every store fd this process holds (the
+ * client connection and, on rank 0, the server's listener and accepted
+ * connections), and every store the child inherited becomes unusable:
+ * set, get, allgather and check return TERSE_ERR_INVALID ("used in a child
+ * process forked after terse_comm_init"), and close/abandon only free the
+ * client's memory -- no goodbye is sent (the parent is still the rank), no
+ * fd is closed again, and the server, whose thread exists only in the
+ * parent, is left untouched (its memory stays allocated in the child). The
+ * parent's store is unaffected. A child may open a store of its own.
+ *
+ * Name resolution never outlasts the caller's deadline: a host name is
+ * looked up on a helper thread (numeric addresses are converted at once),
+ * and a lookup still running at the deadline fails with TERSE_ERR_TIMEOUT
+ * naming the host and the time waited. */
 #ifndef TERSE_TRANSPORT_STORE_H
 #define TERSE_TRANSPORT_STORE_H
 
@@ -28,7 +48,9 @@ typedef struct terse__store terse__store;
 
 /* Rank 0: start the server on host:port (port 0 is refused: the others must
  * know it) and connect to it as a client. Others: connect, retrying until
- * timeout_ms. token must be non-empty. */
+ * timeout_ms (resolving the host name included). token must be non-empty.
+ * A host name that does not resolve fails with TERSE_ERR_INVALID, one whose
+ * lookup does not finish within timeout_ms with TERSE_ERR_TIMEOUT. */
 terse_status terse__store_open(const char *addr, int rank, int nranks, const char *token,
                                int timeout_ms, terse__store **out);
 /* Say goodbye (so the others are not told this rank was lost) and
@@ -45,7 +67,8 @@ void terse__store_abandon(terse__store *s);
  * exists or the timeout passes (*len in: capacity, out: size; a larger
  * value gives TERSE_ERR_DST_TOO_SMALL with *len set; timeout_ms <= 0 means
  * the timeout given to terse__store_open). After a rank or the store is
- * lost every call returns TERSE_ERR_PEER_LOST. */
+ * lost every call returns TERSE_ERR_PEER_LOST. In a child forked after
+ * the open, every call returns TERSE_ERR_INVALID (see Fork above). */
 terse_status terse__store_set(terse__store *s, const char *key, const void *val, size_t len);
 terse_status terse__store_get(terse__store *s, const char *key, void *val, size_t *len,
                               int timeout_ms);

@@ -1,6 +1,8 @@
-/* Sockets for the bootstrap store: address parsing, listen, connect with a
- * deadline, peer names. Everything is non-blocking and close-on-exec (a
- * rank that spawns a program must not leak the store's sockets into it). */
+/* Sockets for the bootstrap store: address parsing, name resolution and
+ * connect with a deadline, listen, peer names. Everything is non-blocking
+ * and close-on-exec (a rank that spawns a program must not leak the
+ * store's sockets into it), and every socket is made through store_fork.c
+ * (a rank that forks must not leak them into the child either). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -8,7 +10,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -63,7 +69,117 @@ terse_status terse__store_split_addr(const char *addr, const char *what, char *h
     return TERSE_OK;
 }
 
-static terse_status resolve(const char *addr, int passive, struct addrinfo **out) {
+/* ---- name resolution with a deadline ----
+ *
+ * getaddrinfo has no timeout, and a name service that does not answer can
+ * hold it for minutes. A name is therefore looked up on a detached helper
+ * thread while the caller waits on a condition variable until its
+ * deadline. The job is shared by reference count (caller and helper); the
+ * one that drops the last reference frees it, together with the result if
+ * the caller gave up and never took it. Numeric addresses skip all this. */
+
+terse__store_gai_fn terse__store_gai_hook;
+static atomic_int gai_live;
+
+typedef struct gai_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs, done, rc, err;
+    terse__store_gai_fn fn;
+    struct addrinfo hints, *res;
+    char host[256], port[8];
+} gai_job;
+
+int terse__store_resolves_in_flight(void) { return atomic_load(&gai_live); }
+
+static void gai_free(gai_job *j) {
+    if (j->res) freeaddrinfo(j->res);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+    atomic_fetch_sub(&gai_live, 1);
+}
+
+/* Drop one reference; called with j->mu held, which it releases. */
+static void gai_unref(gai_job *j) {
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (last) gai_free(j);
+}
+
+static void *gai_thread(void *arg) {
+    gai_job *j = arg;
+    struct addrinfo *res = NULL;
+    int rc = j->fn(j->host, j->port, &j->hints, &res);
+    int err = errno;
+    pthread_mutex_lock(&j->mu);
+    j->rc = rc;
+    j->err = err;
+    j->res = rc == 0 ? res : NULL;
+    j->done = 1;
+    pthread_cond_signal(&j->cv);
+    gai_unref(j);
+    return NULL;
+}
+
+/* A job for host:port with its helper thread running (two references). */
+static terse_status gai_start(const char *host, const char *port, const struct addrinfo *hints,
+                              gai_job **out) {
+    gai_job *j = calloc(1, sizeof *j);
+    if (!j) return TERSE_ERROR(TERSE_ERR_NOMEM, "cannot allocate a lookup of '%s'", host);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&j->mu, NULL);
+    j->refs = 2;
+    j->fn = terse__store_gai_hook ? terse__store_gai_hook : getaddrinfo;
+    j->hints = *hints;
+    snprintf(j->host, sizeof j->host, "%s", host);
+    snprintf(j->port, sizeof j->port, "%s", port);
+    atomic_fetch_add(&gai_live, 1);
+    /* The helper takes no signals (they belong to the application) and is
+     * never joined. */
+    pthread_attr_t ta;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_t t;
+    int rc = pthread_create(&t, &ta, gai_thread, j);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&ta);
+    if (rc != 0) {
+        gai_free(j);
+        return TERSE_ERROR(TERSE_ERR_INTERNAL, "cannot start a thread to look up '%s': %s", host,
+                           strerror(rc));
+    }
+    *out = j;
+    return TERSE_OK;
+}
+
+/* Wait for the lookup until deadline_ms; give up our reference either way.
+ * 1 and (*rc, *res) if it finished, 0 if it is still running. */
+static int gai_wait(gai_job *j, uint64_t deadline_ms, int *rc, int *err, struct addrinfo **res) {
+    struct timespec until = {(time_t)(deadline_ms / 1000), (long)(deadline_ms % 1000) * 1000000L};
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && terse__store_now_ms() < deadline_ms)
+        (void)pthread_cond_timedwait(&j->cv, &j->mu, &until);
+    int done = j->done;
+    if (done) {
+        *rc = j->rc;
+        *err = j->err;
+        *res = j->res;
+        j->res = NULL;
+    }
+    gai_unref(j);
+    return done;
+}
+
+terse_status terse__store_resolve(const char *addr, int passive, uint64_t deadline_ms,
+                                  struct addrinfo **out) {
     char host[256], port[8];
     unsigned p = 0;
     TERSE_CHECK(terse__store_split_addr(addr, "the store address", host, sizeof host, &p));
@@ -72,11 +188,23 @@ static terse_status resolve(const char *addr, int passive, struct addrinfo **out
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-    int rc = getaddrinfo(host, port, &hints, out);
+    hints.ai_flags = AI_NUMERICSERV | AI_NUMERICHOST | (passive ? AI_PASSIVE : 0);
+    /* A numeric address never consults the name service: no thread. */
+    int rc = getaddrinfo(host, port, &hints, out), err = errno;
+    if (rc == EAI_NONAME) {
+        hints.ai_flags &= ~AI_NUMERICHOST;
+        uint64_t t0 = terse__store_now_ms();
+        gai_job *j = NULL;
+        TERSE_CHECK(gai_start(host, port, &hints, &j));
+        if (!gai_wait(j, deadline_ms, &rc, &err, out))
+            return TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                               "cannot resolve the store host '%s' (address %s): the name "
+                               "lookup gave no answer in %llu ms",
+                               host, addr, (unsigned long long)(terse__store_now_ms() - t0));
+    }
     if (rc != 0)
         return TERSE_ERROR(TERSE_ERR_INVALID, "cannot resolve the store address %s: %s", addr,
-                           gai_strerror(rc));
+                           rc == EAI_SYSTEM ? strerror(err) : gai_strerror(rc));
     return TERSE_OK;
 }
 
@@ -86,12 +214,12 @@ static void set_nodelay(int fd) {
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-terse_status terse__store_listen(const char *addr, int *fd_out) {
+terse_status terse__store_listen(const char *addr, uint64_t deadline_ms, int *fd_out) {
     struct addrinfo *ai = NULL;
-    TERSE_CHECK(resolve(addr, 1, &ai));
+    TERSE_CHECK(terse__store_resolve(addr, 1, deadline_ms, &ai));
     int err = 0;
     for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        int fd = terse__store_socket(a->ai_family, a->ai_socktype);
         if (fd < 0) {
             err = errno;
             continue;
@@ -105,7 +233,7 @@ terse_status terse__store_listen(const char *addr, int *fd_out) {
             return TERSE_OK;
         }
         err = errno;
-        close(fd);
+        terse__store_close_fd(fd);
     }
     freeaddrinfo(ai);
     return TERSE_ERROR(TERSE_ERR_IO, "rank 0 cannot listen on the store address %s: %s", addr,
@@ -113,7 +241,7 @@ terse_status terse__store_listen(const char *addr, int *fd_out) {
 }
 
 static int connect_one(const struct addrinfo *a, uint64_t deadline, int *fd_out, int *err) {
-    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = terse__store_socket(a->ai_family, a->ai_socktype);
     if (fd < 0) {
         *err = errno;
         return 0;
@@ -121,7 +249,7 @@ static int connect_one(const struct addrinfo *a, uint64_t deadline, int *fd_out,
     if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
         if (errno != EINPROGRESS) {
             *err = errno;
-            close(fd);
+            terse__store_close_fd(fd);
             return 0;
         }
         int r = terse__store_wait_fd(fd, POLLOUT, deadline);
@@ -129,12 +257,12 @@ static int connect_one(const struct addrinfo *a, uint64_t deadline, int *fd_out,
         socklen_t sl = sizeof soerr;
         if (r <= 0) {
             *err = r == 0 ? ETIMEDOUT : errno;
-            close(fd);
+            terse__store_close_fd(fd);
             return 0;
         }
         if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0) {
             *err = soerr ? soerr : errno;
-            close(fd);
+            terse__store_close_fd(fd);
             return 0;
         }
     }
@@ -147,7 +275,7 @@ terse_status terse__store_connect(const char *addr, uint64_t deadline_ms, int *f
                                   char *why, size_t why_cap) {
     struct addrinfo *ai = NULL;
     *connected = 0;
-    TERSE_CHECK(resolve(addr, 0, &ai));
+    TERSE_CHECK(terse__store_resolve(addr, 0, deadline_ms, &ai));
     int err = ECONNREFUSED;
     for (struct addrinfo *a = ai; a && !*connected; a = a->ai_next)
         *connected = connect_one(a, deadline_ms, fd, &err);

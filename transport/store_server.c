@@ -8,9 +8,13 @@
  * is a rank: it may SET and GET keys (a GET of a missing key is parked on
  * the key and answered by the SET that creates it) and says BYE before it
  * leaves. A rank whose connection ends without BYE is lost, and every other
- * rank is told so with a LOST frame. */
+ * rank is told so with a LOST frame.
+ *
+ * Every fd (listener, connections, wake pipe) is made and closed through
+ * store_fork.c, so a child forked from rank 0 closes them all at once and
+ * keeps none of the job's connections alive; the child never runs or
+ * touches this server (the thread does not exist there). */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -114,7 +118,7 @@ static void drop(terse__store_server *s, size_t slot, const char *fmt, ...) {
         slog(s, "dropped %s%s: %s", c->peer, c->authed ? "" : " (unauthenticated)", why);
     /* One last non-blocking try, so a REFUSE reaches the client. */
     (void)terse__store_tx_flush(&c->tx, c->fd);
-    close(c->fd);
+    terse__store_close_fd(c->fd);
     c->fd = -1;
     terse__store_rx_free(&c->rx);
     terse__store_tx_free(&c->tx);
@@ -139,7 +143,7 @@ static void accept_one(terse__store_server *s, int fd) {
     if (s->npending >= MAX_PENDING) {
         slog(s, "dropped %s: %zu unauthenticated connections are already open", peer,
              s->npending);
-        close(fd);
+        terse__store_close_fd(fd);
         return;
     }
     size_t slot = 0;
@@ -148,7 +152,7 @@ static void accept_one(terse__store_server *s, int fd) {
         conn *p = realloc(s->c, (s->nslots + 1) * sizeof *p);
         if (!p) {
             slog(s, "dropped %s: out of memory", peer);
-            close(fd);
+            terse__store_close_fd(fd);
             return;
         }
         s->c = p;
@@ -393,13 +397,13 @@ static void *serve(void *arg) {
             if (read(s->wake[0], &b, 1) == 1 && b == 'a') break;
             draining = 1;
             drain_deadline = terse__store_now_ms() + (uint64_t)s->linger_ms;
-            if (s->lfd >= 0) close(s->lfd);
+            terse__store_close_fd(s->lfd);
             s->lfd = -1;
         }
         /* 4. Accept every waiting connection and greet it. */
         if (s->lfd >= 0 && (s->pfd[1].revents & POLLIN)) {
             for (;;) {
-                int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                int fd = terse__store_accept(s->lfd);
                 if (fd >= 0) {
                     accept_one(s, fd);
                     continue;
@@ -433,13 +437,13 @@ static void *serve(void *arg) {
 
 static void destroy(terse__store_server *s) {
     for (size_t i = 0; i < s->nslots; i++) {
-        if (s->c[i].fd >= 0) close(s->c[i].fd);
+        terse__store_close_fd(s->c[i].fd);
         terse__store_rx_free(&s->c[i].rx);
         terse__store_tx_free(&s->c[i].tx);
     }
-    if (s->lfd >= 0) close(s->lfd);
-    if (s->wake[0] >= 0) close(s->wake[0]);
-    if (s->wake[1] >= 0) close(s->wake[1]);
+    terse__store_close_fd(s->lfd);
+    terse__store_close_fd(s->wake[0]);
+    terse__store_close_fd(s->wake[1]);
     terse__store_table_free(&s->table);
     OPENSSL_cleanse(s->token, sizeof s->token);
     free(s->c);
@@ -463,8 +467,9 @@ terse_status terse__store_server_start(const char *addr, int nranks, const char 
     s->joined = calloc((size_t)nranks, 1);
     if (!s->joined)
         TERSE_FAIL_GOTO(st, fail, TERSE_ERR_NOMEM, "cannot allocate the store's rank table");
-    TERSE_CHECK_GOTO(terse__store_listen(addr, &s->lfd), st, fail);
-    if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) != 0)
+    uint64_t resolve_by = terse__store_now_ms() + (uint64_t)linger_ms;
+    TERSE_CHECK_GOTO(terse__store_listen(addr, resolve_by, &s->lfd), st, fail);
+    if (terse__store_pipe(s->wake) != 0)
         TERSE_FAIL_GOTO(st, fail, TERSE_ERR_IO, "cannot create the store's wake pipe: %s",
                         strerror(errno));
     /* The thread takes no signals: they belong to the application's threads. */

@@ -117,11 +117,30 @@ uint64_t terse__store_now_ms(void);
  * error sentence names `what` (e.g. "TERSE_ADDR") and the string. */
 terse_status terse__store_split_addr(const char *addr, const char *what, char *host,
                                      size_t host_cap, unsigned *port);
-/* Listen on exactly host:port (SO_REUSEADDR, non-blocking, close-on-exec). */
-terse_status terse__store_listen(const char *addr, int *fd);
-/* One non-blocking connect attempt to addr that gives up at deadline_ms:
- * 1 and *fd connected, 0 if refused/unreachable/timed out (reason in
- * why[]), or a status if addr cannot be used at all. */
+/* Resolve host:port (passive: for bind) into a list for freeaddrinfo,
+ * giving up at deadline_ms. A numeric address is converted at once; a name
+ * is looked up on a detached helper thread, and if the lookup is still
+ * running at the deadline, TERSE_ERR_TIMEOUT names the host and the time
+ * waited and the thread frees its result whenever it ends. A name that does
+ * not resolve is TERSE_ERR_INVALID. */
+struct addrinfo;
+terse_status terse__store_resolve(const char *addr, int passive, uint64_t deadline_ms,
+                                  struct addrinfo **out);
+/* Tests only: the lookup the helper thread calls (getaddrinfo when NULL),
+ * read when a lookup starts; and the number of helper threads that have
+ * not yet ended (each frees its lookup when it does). */
+typedef int (*terse__store_gai_fn)(const char *host, const char *port,
+                                   const struct addrinfo *hints, struct addrinfo **res);
+extern terse__store_gai_fn terse__store_gai_hook;
+int terse__store_resolves_in_flight(void);
+/* Listen on exactly host:port (SO_REUSEADDR, non-blocking, close-on-exec),
+ * resolving it by deadline_ms. Close *fd with terse__store_close_fd. */
+terse_status terse__store_listen(const char *addr, uint64_t deadline_ms, int *fd);
+/* One non-blocking connect attempt to addr that gives up at deadline_ms
+ * (name resolution included): 1 and *fd connected (close it with
+ * terse__store_close_fd), 0 if refused/unreachable/timed out (reason in
+ * why[]), or a status if addr cannot be used at all (TERSE_ERR_TIMEOUT if
+ * its host name did not resolve by the deadline). */
 terse_status terse__store_connect(const char *addr, uint64_t deadline_ms, int *fd, int *connected,
                                   char *why, size_t why_cap);
 /* "ip:port" of the peer (or "unknown peer"). */
@@ -130,16 +149,35 @@ void terse__store_peer_name(int fd, char *buf, size_t cap);
  * 1 ready, 0 timed out, -1 error. */
 int terse__store_wait_fd(int fd, short events, uint64_t deadline_ms);
 
+/* ---- store fds across fork() (store_fork.c) ---- */
+
+/* Every store fd is made and closed through these, which keep the set of
+ * live ones: a pthread_atfork child handler (installed once, before the
+ * first fd exists) closes all of them in a forked child, so a child never
+ * keeps a dead rank's connection to the store open, and changes the value
+ * of terse__store_fork_gen() in the child. All fds are non-blocking and
+ * close-on-exec. Each returns -1 with errno set on failure. */
+int terse__store_socket(int family, int type);
+int terse__store_accept(int listen_fd);
+int terse__store_pipe(int fds[2]);
+/* Forget and close fd (< 0: nothing). */
+void terse__store_close_fd(int fd);
+/* Changes in every child forked from this process: an object that recorded
+ * another value was inherited across fork() and its fds are gone. */
+unsigned terse__store_fork_gen(void);
+
 /* ---- the server thread (store_server.c), run inside rank 0 ---- */
 
 typedef struct terse__store_server terse__store_server;
 
-/* Bind addr, then serve nranks ranks that know token on a new thread. */
+/* Bind addr, then serve nranks ranks that know token on a new thread.
+ * linger_ms also bounds the resolution of addr. */
 terse_status terse__store_server_start(const char *addr, int nranks, const char *token,
                                        int linger_ms, terse__store_server **out);
 /* Stop accepting; unless abandon, wait (at most linger_ms) until every
  * authenticated rank has disconnected; then end the thread and free. NULL
- * is accepted. */
+ * is accepted. Never called in a child forked after the start (the thread
+ * is not there; store.c checks terse__store_fork_gen). */
 void terse__store_server_stop(terse__store_server *srv, int abandon);
 
 #endif

@@ -1,0 +1,67 @@
+/* The tuning variables that change how ranks cut and route their
+ * messages. Ranks that disagree on any of them would post receives of
+ * other sizes or run other algorithms than their peers, which shows up as
+ * truncation, corrupt data or a hang far from the cause; so each rank reads
+ * them once, at init, and the ranks compare them through the store before
+ * any collective runs. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algos/comm.h"
+#include "common/bytes.h"
+#include "common/env.h"
+#include "common/error.h"
+
+#define NPARAMS 3
+
+static const char *const names[NPARAMS] = {"TERSE_RD_MAX_BYTES", "TERSE_RING_CHUNK_BYTES",
+                                           "TERSE_CHUNK_BYTES"};
+
+static void as_array(const terse__params *p, uint64_t v[NPARAMS]) {
+    v[0] = p->rd_max_bytes;
+    v[1] = p->ring_chunk_bytes;
+    v[2] = p->chunk_bytes;
+}
+
+terse_status terse__params_read(int rank, terse__params *p) {
+    terse_status s;
+    memset(p, 0, sizeof *p);
+    s = terse__env_bytes(names[0], (size_t)64 << 10, 0, (size_t)1 << 40, &p->rd_max_bytes);
+    if (s == TERSE_OK)
+        s = terse__env_bytes(names[1], (size_t)512 << 10, 4096, (size_t)1 << 30,
+                             &p->ring_chunk_bytes);
+    if (s == TERSE_OK)
+        s = terse__env_bytes(names[2], (size_t)1 << 20, 1, SIZE_MAX, &p->chunk_bytes);
+    if (s != TERSE_OK) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", terse__comm_last_sentence());
+        return TERSE_ERROR(s, "rank %d: %s", rank, why);
+    }
+    p->ring_chunk_bytes &= ~(size_t)63; /* whole cache lines, and whole floats */
+    return TERSE_OK;
+}
+
+terse_status terse__params_agree(terse_comm *c, int timeout_ms) {
+    uint64_t mine[NPARAMS];
+    as_array(&c->params, mine);
+    uint8_t blob[8 * NPARAMS];
+    for (int i = 0; i < NPARAMS; i++) terse__put_u64(blob + 8 * i, mine[i]);
+    uint8_t *all = malloc((size_t)c->nranks * sizeof blob);
+    if (!all) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating parameters", c->rank);
+    terse_status s = terse__store_allgather(c->store, blob, sizeof blob, all, timeout_ms);
+    for (int r = 0; s == TERSE_OK && r < c->nranks; r++)
+        for (int i = 0; i < NPARAMS; i++) {
+            uint64_t theirs = terse__get_u64(all + (size_t)r * sizeof blob + 8 * (size_t)i);
+            if (theirs == mine[i]) continue;
+            s = TERSE_ERROR(TERSE_ERR_INVALID,
+                            "%s is %" PRIu64 " on rank %d but %" PRIu64 " on rank %d; ranks "
+                            "that disagree would cut messages differently: set it alike on "
+                            "every rank (or unset it everywhere)",
+                            names[i], mine[i], c->rank, theirs, r);
+            break;
+        }
+    free(all);
+    return s;
+}

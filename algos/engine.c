@@ -1,0 +1,596 @@
+/* The engine: requests, the progress thread, groups and abort.
+ *
+ * Every collective is a request. A start checks its arguments on the
+ * caller's thread, then appends the request to the communicator's queue;
+ * one executor at a time takes requests from the head and runs each with
+ * the collective's code (algos/ *_run), so requests run in the order they
+ * were started -- the same order on every rank, which keeps their tags and
+ * messages paired. The executor is
+ *
+ *   TERSE_PROGRESS=thread (default)  the communicator's progress thread,
+ *       which sleeps on a condition variable while the queue is empty and
+ *       runs requests while the caller computes;
+ *   TERSE_PROGRESS=caller            the caller's thread, inside
+ *       terse_request_test / _wait: they run the queue up to and including
+ *       the request asked about.
+ *
+ * A blocking call is a start and a wait. When nothing is queued or
+ * running it runs on the caller's thread directly (no hand-off to the
+ * progress thread, no allocation), which gives it the latency it had
+ * before the engine.
+ *
+ * Groups: the requests started between terse_group_start and
+ * terse_group_end are queued as one unit. Its dense allreduces (no codec)
+ * small enough for recursive doubling are fused, per op, into one
+ * recursive-doubling exchange over their concatenation: recursive
+ * doubling adds every element in the same fixed order whatever the
+ * buffer's length, so each member's result is bitwise the one its own
+ * call would give. The other members then run one by one in start order.
+ *
+ * Failure: the executor that sees a request fail quiesces the transport
+ * (cancels and drains what is posted, closes the endpoint) before it marks
+ * the request done, so no late receive can write into a caller's buffer
+ * after terse_request_wait returns; every request still queued completes
+ * with the first failure's status. terse_comm_abort only raises a flag:
+ * the executor's wait loop sees it within one progress round. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "algos/comm.h"
+#include "common/env.h"
+#include "common/error.h"
+
+/* Fused groups stay below this many bytes per exchange: recursive doubling
+ * sends the whole buffer log2(N) times. */
+#define GROUP_FUSE_MAX_BYTES ((size_t)4 << 20)
+
+static const char *kind_name(terse__op_kind k) {
+    switch (k) {
+    case TERSE__OP_ALLREDUCE: return "terse_allreduce";
+    case TERSE__OP_BROADCAST: return "terse_broadcast";
+    case TERSE__OP_ALLGATHER: return "terse_allgather";
+    case TERSE__OP_BARRIER: return "terse_barrier";
+    case TERSE__OP_GROUP: return "terse_group_end";
+    }
+    return "terse request";
+}
+
+/* ---------------------------------------------------------------- running */
+
+static terse_status run_op(terse_comm *c, terse_request *r, int *keep_usable) {
+    switch (r->kind) {
+    case TERSE__OP_ALLREDUCE:
+        return terse__allreduce_run(c, r->a.ar.buf, r->a.ar.n, r->a.ar.codec, r->a.ar.op);
+    case TERSE__OP_BROADCAST:
+        return terse__broadcast_run(c, r->a.bc.buf, r->a.bc.bytes, r->a.bc.root);
+    case TERSE__OP_ALLGATHER:
+        return terse__allgather_run(c, r->a.ag.send, r->a.ag.send_bytes, r->a.ag.recv,
+                                    r->a.ag.recv_cap, r->a.ag.counts, keep_usable);
+    case TERSE__OP_BARRIER:
+        return terse__barrier_run(c);
+    case TERSE__OP_GROUP:
+        break;
+    }
+    return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: request of kind %d", c->rank, (int)r->kind);
+}
+
+/* A request that will not run: the communicator was aborted or failed
+ * while it waited in the queue. */
+static terse_status not_run(terse_comm *c, terse_request *r) {
+    if (atomic_load(&c->aborted))
+        return TERSE_ERROR(TERSE_ERR_ABORTED,
+                           "%s on rank %d: the communicator was aborted (terse_comm_abort) "
+                           "before this request ran",
+                           kind_name(r->kind), c->rank);
+    pthread_mutex_lock(&c->lock);
+    terse_status s = c->fail_status ? c->fail_status : TERSE_ERR_INVALID;
+    char why[512];
+    snprintf(why, sizeof why, "%s", c->failure);
+    pthread_mutex_unlock(&c->lock);
+    return TERSE_ERROR(s, "%s on rank %d: not run, an earlier request failed: %s",
+                       kind_name(r->kind), c->rank, why);
+}
+
+static int comm_broken(terse_comm *c) {
+    if (atomic_load(&c->aborted)) return 1;
+    pthread_mutex_lock(&c->lock);
+    int f = c->failed;
+    pthread_mutex_unlock(&c->lock);
+    return f;
+}
+
+/* Run one ordinary request between begin and end; after a failure leave
+ * nothing posted. */
+static terse_status run_one(terse_comm *c, terse_request *r) {
+    if (comm_broken(c)) return not_run(c, r);
+    terse_status s = terse__comm_begin(c, kind_name(r->kind));
+    if (s != TERSE_OK) return s;
+    int keep_usable = 0;
+    s = run_op(c, r, &keep_usable);
+    s = terse__comm_end(c, s, keep_usable);
+    if (s != TERSE_OK && !keep_usable) terse__fabric_quiesce(c->fabric);
+    return s;
+}
+
+static void finish(terse_request *r, terse_status s) {
+    if (r->orphan) { /* freed by its owner inside a group before it ran */
+        free(r);
+        return;
+    }
+    r->status = s;
+    if (s != TERSE_OK) snprintf(r->error, sizeof r->error, "%s", terse_last_error());
+    atomic_store_explicit(&r->done, 1, memory_order_release);
+}
+
+static int fusable(const terse_request *m, const terse_comm *c) {
+    return m->kind == TERSE__OP_ALLREDUCE && !m->a.ar.codec && m->a.ar.n > 0 &&
+           m->a.ar.n * sizeof(float) <= terse__rd_max_bytes(c) && c->nranks > 1;
+}
+
+/* One fused batch: members from `first` on with this op, up to the byte
+ * cap, marked in `taken`. Copy in, one recursive doubling, copy out. */
+static terse_status fuse_batch(terse_comm *c, terse_request **members, size_t count,
+                               size_t first, char *taken) {
+    terse_op op = members[first]->a.ar.op;
+    size_t total = 0;
+    for (size_t i = first; i < count; i++) {
+        terse_request *m = members[i];
+        if (taken[i] || !fusable(m, c) || m->a.ar.op != op) continue;
+        if (total && (total + m->a.ar.n) * sizeof(float) > GROUP_FUSE_MAX_BYTES) break;
+        taken[i] = 2; /* in this batch */
+        total += m->a.ar.n;
+    }
+    float *buf = terse__comm_scratch(c, TERSE__SCRATCH_GROUP, total * sizeof(float));
+    if (!buf) return TERSE_ERR_NOMEM;
+    size_t off = 0;
+    for (size_t i = first; i < count; i++)
+        if (taken[i] == 2) {
+            memcpy(buf + off, members[i]->a.ar.buf, members[i]->a.ar.n * sizeof(float));
+            off += members[i]->a.ar.n;
+        }
+    TERSE_CHECK(terse__allreduce_rd(c, buf, total, op == TERSE_OP_AVG));
+    off = 0;
+    for (size_t i = first; i < count; i++)
+        if (taken[i] == 2) {
+            memcpy(members[i]->a.ar.buf, buf + off, members[i]->a.ar.n * sizeof(float));
+            off += members[i]->a.ar.n;
+            taken[i] = 1;
+        }
+    return TERSE_OK;
+}
+
+/* The fused part of a group: every fusable member, batch by batch. */
+static terse_status run_fused(terse_comm *c, terse_request **members, size_t count,
+                              char *taken) {
+    for (size_t i = 0; i < count; i++) {
+        if (taken[i] || !fusable(members[i], c)) continue;
+        if (comm_broken(c)) return not_run(c, members[i]);
+        TERSE_CHECK(terse__comm_begin(c, "terse_group_end"));
+        terse_status s = terse__comm_end(c, fuse_batch(c, members, count, i, taken), 0);
+        if (s != TERSE_OK) {
+            terse__fabric_quiesce(c->fabric);
+            return s;
+        }
+    }
+    return TERSE_OK;
+}
+
+static void run_group(terse_comm *c, terse_request *g) {
+    size_t count = 0;
+    for (terse_request *m = g->members; m; m = m->next) count++;
+    terse_request **members = calloc(count ? count : 1, sizeof *members);
+    char *taken = calloc(count ? count : 1, 1);
+    terse_status fused = TERSE_OK;
+    if (!members || !taken) {
+        fused = TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for a group of %zu", c->rank,
+                            count);
+        pthread_mutex_lock(&c->lock);
+        if (!c->failed) {
+            c->failed = 1;
+            c->fail_status = fused;
+            snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+        }
+        pthread_mutex_unlock(&c->lock);
+        for (terse_request *m = g->members, *next; m; m = next) {
+            next = m->next;
+            finish(m, fused);
+        }
+    } else {
+        size_t i = 0;
+        for (terse_request *m = g->members; m; m = m->next) members[i++] = m;
+        /* A failed fused batch fails the whole group with its status. */
+        fused = run_fused(c, members, count, taken);
+        for (i = 0; i < count; i++) {
+            terse_status s = fused;
+            if (s == TERSE_OK && !taken[i]) s = run_one(c, members[i]);
+            finish(members[i], s);
+        }
+    }
+    free(members);
+    free(taken);
+    free(g);
+}
+
+/* Run request r (the executor holds busy). A group container is freed
+ * here; an ordinary request is marked done. */
+static void execute(terse_comm *c, terse_request *r) {
+    if (r->kind == TERSE__OP_GROUP) run_group(c, r);
+    else finish(r, run_one(c, r));
+}
+
+/* ---------------------------------------------------------------- queue */
+
+/* Take the head of the queue as the executor; lock held. */
+static terse_request *take(terse_comm *c) {
+    terse_request *r = c->q_head;
+    if (!r) return NULL;
+    c->q_head = r->next;
+    if (!c->q_head) c->q_tail = NULL;
+    r->next = NULL;
+    c->busy = 1;
+    return r;
+}
+
+/* Lock held on entry and exit; released while r runs. */
+static void execute_unlocked(terse_comm *c, terse_request *r) {
+    pthread_mutex_unlock(&c->lock);
+    execute(c, r);
+    pthread_mutex_lock(&c->lock);
+    c->busy = 0;
+    pthread_cond_broadcast(&c->idle);
+    if (c->q_head) pthread_cond_signal(&c->work);
+}
+
+static void *progress_main(void *arg) {
+    terse_comm *c = arg;
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        terse_request *r = c->busy ? NULL : take(c);
+        if (r) {
+            execute_unlocked(c, r);
+            continue;
+        }
+        if (c->stop) break;
+        pthread_cond_wait(&c->work, &c->lock);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+static void enqueue(terse_comm *c, terse_request *r) {
+    r->next = NULL;
+    if (c->q_tail) c->q_tail->next = r;
+    else c->q_head = r;
+    c->q_tail = r;
+    pthread_cond_signal(&c->work);
+}
+
+static int is_done(const terse_request *r) {
+    return atomic_load_explicit(&r->done, memory_order_acquire);
+}
+
+/* Until r is done: sleep while another executor works, else (caller
+ * mode, or the thread is gone) run the queue head ourselves. Lock held. */
+static void drive(terse_comm *c, terse_request *r) {
+    while (!is_done(r)) {
+        if (c->busy || (c->has_thread && !c->stop)) {
+            pthread_cond_wait(&c->idle, &c->lock);
+            continue;
+        }
+        terse_request *h = take(c);
+        if (!h) break; /* cannot happen: r is queued behind h */
+        execute_unlocked(c, h);
+    }
+}
+
+terse_status terse__engine_init(terse_comm *c) {
+    static const char *const modes[] = {"thread", "caller", NULL};
+    int mode = 0;
+    TERSE_CHECK(terse__env_choice("TERSE_PROGRESS", modes, 0, &mode));
+    pthread_cond_init(&c->work, NULL);
+    pthread_cond_init(&c->idle, NULL);
+    c->engine_ready = 1;
+    if (mode == 1) return TERSE_OK;
+    if (pthread_create(&c->thread, NULL, progress_main, c) != 0)
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: cannot start the progress thread",
+                           c->rank);
+    c->has_thread = 1;
+    return TERSE_OK;
+}
+
+void terse__engine_shutdown(terse_comm *c) {
+    if (!c->engine_ready) return;
+    pthread_mutex_lock(&c->lock);
+    int pending = c->q_head || c->busy || c->group_head;
+    pthread_mutex_unlock(&c->lock);
+    if (pending) atomic_store(&c->aborted, 1);
+    pthread_mutex_lock(&c->lock);
+    c->stop = 1;
+    pthread_cond_broadcast(&c->work);
+    pthread_mutex_unlock(&c->lock);
+    if (c->has_thread) pthread_join(c->thread, NULL);
+    c->has_thread = 0;
+    /* The thread emptied the queue (every request fails at once after an
+     * abort); in caller mode, or for an unended group, do it here. */
+    pthread_mutex_lock(&c->lock);
+    terse_request *r;
+    while ((r = take(c)) != NULL) execute_unlocked(c, r);
+    for (terse_request *m = c->group_head, *next; m; m = next) {
+        next = m->next;
+        m->in_group = 0;
+        finish(m, TERSE_ERROR(TERSE_ERR_ABORTED, "rank %d: the communicator was freed inside "
+                                                 "a group", c->rank));
+    }
+    c->group_head = c->group_tail = NULL;
+    pthread_mutex_unlock(&c->lock);
+    pthread_cond_destroy(&c->work);
+    pthread_cond_destroy(&c->idle);
+    c->engine_ready = 0;
+}
+
+/* ---------------------------------------------------------------- public */
+
+/* The checks every start shares. A bad argument fails the communicator:
+ * the other ranks run a collective this rank does not, which cannot end
+ * well for anyone but fails here at once. */
+static terse_status admit(terse_comm *c, const char *what, terse_status arg_check) {
+    if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: communicator is NULL", what);
+    if (c->pid != getpid())
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "%s: the communicator of rank %d was used in a child process forked "
+                           "after terse_comm_init; only the process that created it may use it",
+                           what, c->rank);
+    if (atomic_load(&c->aborted))
+        return TERSE_ERROR(TERSE_ERR_ABORTED,
+                           "%s on rank %d: the communicator was aborted (terse_comm_abort); "
+                           "it can only be freed",
+                           what, c->rank);
+    pthread_mutex_lock(&c->lock);
+    terse_status s = TERSE_OK;
+    if (c->failed) {
+        s = TERSE_ERROR(TERSE_ERR_INVALID, "%s on rank %d: communicator failed earlier: %s",
+                        what, c->rank, c->failure);
+    } else if (arg_check != TERSE_OK) {
+        s = arg_check;
+        c->failed = 1;
+        c->fail_status = s;
+        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+    }
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
+/* Queue r (or add it to the open group); lock not held. */
+static void submit(terse_comm *c, terse_request *r) {
+    pthread_mutex_lock(&c->lock);
+    if (c->group_depth > 0) {
+        r->in_group = 1;
+        r->next = NULL;
+        if (c->group_tail) c->group_tail->next = r;
+        else c->group_head = r;
+        c->group_tail = r;
+    } else {
+        enqueue(c, r);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+static terse_status start(terse_comm *c, const terse_request *tmpl, terse_request **out) {
+    if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "%s_start: request pointer is NULL",
+                                 kind_name(tmpl->kind));
+    *out = NULL;
+    terse_request *r = malloc(sizeof *r);
+    if (!r)
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for a request", c->rank);
+    memcpy(r, tmpl, sizeof *r);
+    submit(c, r);
+    *out = r;
+    return TERSE_OK;
+}
+
+/* A blocking call: inline when the engine is idle, else queued and waited
+ * for (a stack request: nothing allocated). */
+static terse_status run_blocking(terse_comm *c, terse_request *r) {
+    pthread_mutex_lock(&c->lock);
+    if (c->group_depth > 0) {
+        pthread_mutex_unlock(&c->lock);
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "%s on rank %d: blocking call inside a group; use the _start form",
+                           kind_name(r->kind), c->rank);
+    }
+    if (!c->busy && !c->q_head) {
+        c->busy = 1;
+        execute_unlocked(c, r);
+    } else {
+        enqueue(c, r);
+        drive(c, r);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (r->status != TERSE_OK) terse__error_restore(r->error);
+    return r->status;
+}
+
+static terse_request make(terse_comm *c, terse__op_kind kind) {
+    terse_request r;
+    memset(&r, 0, sizeof r);
+    r.comm = c;
+    r.kind = kind;
+    return r;
+}
+
+terse_status terse_allreduce_start(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                   terse_op op, terse_request **req) {
+    if (req) *req = NULL;
+    TERSE_CHECK(admit(c, "terse_allreduce",
+                      c ? terse__allreduce_check(c, buf, n, codec, op) : TERSE_OK));
+    terse_request r = make(c, TERSE__OP_ALLREDUCE);
+    r.a.ar.buf = buf, r.a.ar.n = n, r.a.ar.codec = codec, r.a.ar.op = op;
+    return start(c, &r, req);
+}
+
+terse_status terse_allreduce(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                             terse_op op) {
+    TERSE_CHECK(admit(c, "terse_allreduce",
+                      c ? terse__allreduce_check(c, buf, n, codec, op) : TERSE_OK));
+    terse_request r = make(c, TERSE__OP_ALLREDUCE);
+    r.a.ar.buf = buf, r.a.ar.n = n, r.a.ar.codec = codec, r.a.ar.op = op;
+    return run_blocking(c, &r);
+}
+
+terse_status terse_broadcast_start(terse_comm *c, void *buf, size_t bytes, int root,
+                                   terse_request **req) {
+    if (req) *req = NULL;
+    TERSE_CHECK(admit(c, "terse_broadcast",
+                      c ? terse__broadcast_check(c, buf, bytes, root) : TERSE_OK));
+    terse_request r = make(c, TERSE__OP_BROADCAST);
+    r.a.bc.buf = buf, r.a.bc.bytes = bytes, r.a.bc.root = root;
+    return start(c, &r, req);
+}
+
+terse_status terse_broadcast(terse_comm *c, void *buf, size_t bytes, int root) {
+    TERSE_CHECK(admit(c, "terse_broadcast",
+                      c ? terse__broadcast_check(c, buf, bytes, root) : TERSE_OK));
+    terse_request r = make(c, TERSE__OP_BROADCAST);
+    r.a.bc.buf = buf, r.a.bc.bytes = bytes, r.a.bc.root = root;
+    return run_blocking(c, &r);
+}
+
+static terse_request allgather_req(terse_comm *c, const void *send, size_t send_bytes,
+                                   void *recv, size_t recv_cap, size_t *counts) {
+    terse_request r = make(c, TERSE__OP_ALLGATHER);
+    r.a.ag.send = send, r.a.ag.send_bytes = send_bytes, r.a.ag.recv = recv;
+    r.a.ag.recv_cap = recv_cap, r.a.ag.counts = counts;
+    return r;
+}
+
+terse_status terse_allgather_start(terse_comm *c, const void *send, size_t send_bytes, void *recv,
+                                   size_t recv_cap, size_t *counts, terse_request **req) {
+    if (req) *req = NULL;
+    TERSE_CHECK(admit(c, "terse_allgather",
+                      c ? terse__allgather_check(c, send, send_bytes, recv, recv_cap) : TERSE_OK));
+    terse_request r = allgather_req(c, send, send_bytes, recv, recv_cap, counts);
+    return start(c, &r, req);
+}
+
+terse_status terse_allgather(terse_comm *c, const void *send, size_t send_bytes, void *recv,
+                             size_t recv_cap, size_t *counts) {
+    TERSE_CHECK(admit(c, "terse_allgather",
+                      c ? terse__allgather_check(c, send, send_bytes, recv, recv_cap) : TERSE_OK));
+    terse_request r = allgather_req(c, send, send_bytes, recv, recv_cap, counts);
+    return run_blocking(c, &r);
+}
+
+terse_status terse_barrier_start(terse_comm *c, terse_request **req) {
+    if (req) *req = NULL;
+    TERSE_CHECK(admit(c, "terse_barrier", TERSE_OK));
+    terse_request r = make(c, TERSE__OP_BARRIER);
+    return start(c, &r, req);
+}
+
+terse_status terse_barrier(terse_comm *c) {
+    TERSE_CHECK(admit(c, "terse_barrier", TERSE_OK));
+    terse_request r = make(c, TERSE__OP_BARRIER);
+    return run_blocking(c, &r);
+}
+
+terse_status terse_group_start(terse_comm *c) {
+    TERSE_CHECK(admit(c, "terse_group_start", TERSE_OK));
+    pthread_mutex_lock(&c->lock);
+    c->group_depth++;
+    pthread_mutex_unlock(&c->lock);
+    return TERSE_OK;
+}
+
+terse_status terse_group_end(terse_comm *c) {
+    if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_group_end: communicator is NULL");
+    pthread_mutex_lock(&c->lock);
+    if (c->group_depth == 0) {
+        pthread_mutex_unlock(&c->lock);
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_group_end on rank %d without terse_group_start", c->rank);
+    }
+    terse_status s = TERSE_OK;
+    if (--c->group_depth == 0 && c->group_head) {
+        terse_request *g = calloc(1, sizeof *g);
+        if (!g) {
+            c->group_depth++;
+            s = TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory to end a group", c->rank);
+        } else {
+            g->comm = c;
+            g->kind = TERSE__OP_GROUP;
+            g->members = c->group_head;
+            for (terse_request *m = g->members; m; m = m->next) m->in_group = 0;
+            c->group_head = c->group_tail = NULL;
+            enqueue(c, g);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
+terse_status terse_request_test(terse_request *r, int *done) {
+    if (!r || !done) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_request_test: NULL argument");
+    *done = 0;
+    if (!is_done(r)) {
+        terse_comm *c = r->comm;
+        pthread_mutex_lock(&c->lock);
+        int open = r->in_group;
+        if (!open && !c->has_thread) drive(c, r);
+        pthread_mutex_unlock(&c->lock);
+        if (open)
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "terse_request_test on rank %d: the request's group has not "
+                               "ended (terse_group_end)", c->rank);
+        if (!is_done(r)) return TERSE_OK;
+    }
+    *done = 1;
+    if (r->status != TERSE_OK) terse__error_restore(r->error);
+    return r->status;
+}
+
+terse_status terse_request_wait(terse_request *r) {
+    if (!r) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_request_wait: request is NULL");
+    if (!is_done(r)) {
+        terse_comm *c = r->comm;
+        pthread_mutex_lock(&c->lock);
+        int open = r->in_group;
+        if (!open) drive(c, r);
+        pthread_mutex_unlock(&c->lock);
+        if (open)
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "terse_request_wait on rank %d: the request's group has not "
+                               "ended (terse_group_end); waiting would never return", c->rank);
+    }
+    if (r->status != TERSE_OK) terse__error_restore(r->error);
+    return r->status;
+}
+
+void terse_request_free(terse_request *r) {
+    if (!r) return;
+    if (!is_done(r)) {
+        terse_comm *c = r->comm;
+        pthread_mutex_lock(&c->lock);
+        if (r->in_group) {
+            /* Its group has not ended: the others will still run it, so
+             * it stays queued and is freed once it has run. */
+            r->orphan = 1;
+            pthread_mutex_unlock(&c->lock);
+            return;
+        }
+        drive(c, r);
+        pthread_mutex_unlock(&c->lock);
+    }
+    free(r);
+}
+
+void terse_comm_abort(terse_comm *c) {
+    if (!c || c->pid != getpid()) return;
+    atomic_store(&c->aborted, 1);
+    if (!c->engine_ready) return;
+    pthread_mutex_lock(&c->lock);
+    pthread_cond_broadcast(&c->work);
+    pthread_cond_broadcast(&c->idle);
+    pthread_mutex_unlock(&c->lock);
+}
