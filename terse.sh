@@ -6,7 +6,8 @@
 #                      against bytes (table, plus terse-sweep.png)
 #   ./terse.sh bench SUBCOMMAND [ARGS]
 #                      any terse-bench subcommand: codecs, allreduce, train
-#   ./terse.sh test    the whole test suite (gcc build + clang ASan/UBSan build)
+#   ./terse.sh test    the whole test suite (gcc build + clang ASan/UBSan build
+#                      + the engine's threads under clang ThreadSanitizer)
 #   ./terse.sh build   just configure and build into ./build
 #
 # Missing Debian packages are installed with apt-get when run as root;
@@ -19,7 +20,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
           libfabric-bin libssl-dev iproute2 openmpi-bin libopenmpi-dev dataset-fashion-mnist gnuplot-nox binutils)
 
 usage() {
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 need_packages() {
@@ -70,6 +71,14 @@ case "$cmd" in
         # LeakSanitizer is on by default; terse-bench-mpi turns it off for Open MPI only.
         (cd build-asan && ASAN_OPTIONS=abort_on_error=1 \
             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j 2)
+        echo "== clang build with ThreadSanitizer: the engine's threads (tests/tsan_engine.c)" >&2
+        cmake -S . -B build-tsan -G Ninja -DTERSE_WERROR=ON -DCMAKE_C_COMPILER=clang \
+              -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTERSE_SANITIZE=thread >/dev/null
+        cmake --build build-tsan -j "$JOBS" --target tsan_engine
+        for run in "tcp 2" "shm 3" "tcp 3"; do
+            # shellcheck disable=SC2086
+            TSAN_OPTIONS=halt_on_error=1:exitcode=66 ./build-tsan/tests/tsan_engine $run
+        done
         echo "terse.sh test: all suites passed" >&2
         ;;
     build)

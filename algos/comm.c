@@ -143,7 +143,15 @@ terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out) 
         TERSE_CHECK_GOTO(terse__store_open(L.addr, c->rank, c->nranks, L.token,
                                            left_ms(c, deadline), &c->store),
                          s, fail);
-        TERSE_CHECK_GOTO(terse__params_agree(c, left_ms(c, deadline)), s, fail);
+        s = terse__params_agree(c, left_ms(c, deadline));
+        if (s == TERSE_ERR_INVALID) {
+            /* Every rank saw the same values and fails alike: leave with a
+             * goodbye, so that rank 0's store waits for the others to read
+             * them instead of vanishing under them. */
+            terse_comm_free(c);
+            return s;
+        }
+        if (s != TERSE_OK) goto fail;
         TERSE_CHECK_GOTO(same_host_check(c, left_ms(c, deadline), &same), s, fail);
     }
     TERSE_CHECK_GOTO(terse__fabric_open(L.provider[0] ? L.provider : "auto", same, c->rank,

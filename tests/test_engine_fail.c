@@ -1,0 +1,243 @@
+/* The engine when things go wrong: the inactivity timeout, codec state
+ * after a failed collective, ranks whose random streams or tuning
+ * variables disagree, and malformed tuning values. Real rank processes
+ * over real providers. */
+#include "common/env.h"
+#include "ranks.h"
+#include "testutil.h"
+
+/* ------------------------------------------------------------ timeout */
+
+#define BIG_FLOATS ((size_t)128 << 20) /* 512 MB */
+
+/* u[0]: status; val[0]: the allreduce's time (ms); u[1]: wrong elements. */
+static int big_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c);
+    float *x = malloc(BIG_FLOATS * sizeof(float));
+    if (!x) return tr_fail(o, TERSE_ERR_NOMEM, "malloc 512 MB");
+    for (size_t i = 0; i < BIG_FLOATS; i++) x[i] = (float)(r + 1);
+    TR_CALL(o, terse_barrier(c));
+    double t0 = tr_now_ms();
+    o->u[0] = (uint64_t)terse_allreduce(c, x, BIG_FLOATS, NULL, TERSE_OP_SUM);
+    o->val[0] = tr_now_ms() - t0;
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    for (size_t i = 0; i < BIG_FLOATS; i++) o->u[1] += x[i] != 3.0f;
+    free(x);
+    return 0;
+}
+
+Test(timeout, is_inactivity_a_512MB_allreduce_with_a_300ms_timeout_succeeds_tcp) {
+    tr_job job = {"tcp", 2, 300, 60, -1, NULL};
+    tr_out *o = tr_run(&job, big_body, NULL);
+    for (int r = 0; r < 2; r++) {
+        cr_expect_eq(o[r].u[0], TERSE_OK, "rank %d: %s", r, o[r].err);
+        cr_expect_eq(o[r].u[1], 0, "rank %d: %llu wrong elements", r,
+                     (unsigned long long)o[r].u[1]);
+        cr_log_info("rank %d: 512 MB allreduce took %.0f ms with a 300 ms timeout", r,
+                    o[r].val[0]);
+    }
+    tr_release(o);
+}
+
+/* ------------------------------------------------------------ state */
+
+typedef struct {
+    const char *spec;
+    size_t rows, cols;
+} codec_case;
+
+/* Both ranks run two good steps; then rank 1 dies and rank 0's third
+ * allreduce must fail and leave the codec's state exactly as before it.
+ * u[0]: status; u[1]: state bytes that changed; u[2]: step before/after. */
+static int state_body(terse_comm *c, tr_out *o, const void *arg) {
+    const codec_case *k = arg;
+    const int r = terse_comm_rank(c);
+    const size_t n = k->rows * k->cols;
+    terse_codec *cod;
+    TR_CALL(o, terse_codec_create(k->spec, k->rows, k->cols, &cod));
+    TR_CALL(o, terse_codec_set_stream(cod, 3, (uint32_t)r));
+    float *x = malloc(n * sizeof(float));
+    for (int step = 0; step < 2; step++) {
+        tu_fill_uniform(x, n, (uint64_t)(r * 10 + step), -1, 1);
+        TR_CALL(o, terse_allreduce(c, x, n, cod, TERSE_OP_AVG));
+    }
+    if (r == 1) {
+        usleep(100 * 1000);
+        raise(SIGKILL);
+    }
+    size_t len = terse_codec_state_size(cod), l1 = 0, l2 = 0;
+    uint8_t *before = malloc(len), *after = malloc(len);
+    TR_CALL(o, terse_codec_state_save(cod, before, len, &l1));
+    uint64_t step_before = terse_codec_step(cod);
+    tu_fill_uniform(x, n, 99, -1, 1);
+    o->u[0] = (uint64_t)terse_allreduce(c, x, n, cod, TERSE_OP_AVG);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    TR_CALL(o, terse_codec_state_save(cod, after, len, &l2));
+    for (size_t i = 0; i < len; i++) o->u[1] += before[i] != after[i];
+    o->u[2] = step_before == terse_codec_step(cod);
+    free(before);
+    free(after);
+    free(x);
+    terse_codec_free(cod);
+    return 0;
+}
+
+static void check_state(const char *spec, size_t rows, size_t cols) {
+    codec_case k = {spec, rows, cols};
+    tr_job job = {"tcp", 2, 5000, 30, 1, NULL};
+    tr_out *o = tr_run(&job, state_body, &k);
+    cr_expect(o[0].u[0] == TERSE_ERR_PEER_LOST || o[0].u[0] == TERSE_ERR_TIMEOUT,
+              "%s: the allreduce without rank 1 returned %llu: %s", spec,
+              (unsigned long long)o[0].u[0], o[0].err);
+    cr_expect_eq(o[0].u[1], 0, "%s: %llu bytes of codec state changed by the failed call", spec,
+                 (unsigned long long)o[0].u[1]);
+    cr_expect_eq(o[0].u[2], 1, "%s: the step moved", spec);
+    tr_release(o);
+}
+
+Test(transactional, failed_gather_allreduce_leaves_topk_state_unchanged) {
+    check_state("topk:ratio=0.01,ef=1", 200000, 1);
+}
+Test(transactional, failed_summable_allreduce_leaves_randk_state_unchanged) {
+    check_state("randk:ratio=0.01,ef=1", 200000, 1);
+}
+Test(transactional, failed_two_round_allreduce_leaves_powersgd_q_unchanged) {
+    check_state("powersgd:rank=4,ef=1", 512, 384);
+}
+Test(transactional, failed_allreduce_leaves_qsgd_stream_unchanged) {
+    check_state("qsgd:bits=4,round=stochastic", 100000, 1);
+}
+
+/* ------------------------------------------------------------ randk key */
+
+/* Rank 1's codec has another seed: its random indices differ. */
+static int randk_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c);
+    terse_codec *cod;
+    TR_CALL(o, terse_codec_create(r == 1 ? "randk:ratio=0.1,seed=2" : "randk:ratio=0.1,seed=1",
+                                  10000, 1, &cod));
+    float x[10000];
+    tu_fill_uniform(x, 10000, (uint64_t)r, -1, 1);
+    float keep[10000];
+    memcpy(keep, x, sizeof x);
+    o->u[0] = (uint64_t)terse_allreduce(c, x, 10000, cod, TERSE_OP_SUM);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    o->u[1] = memcmp(keep, x, sizeof x) != 0;
+    terse_codec_free(cod);
+    return 0;
+}
+
+Test(randk, ranks_whose_streams_differ_get_corrupt_not_a_wrong_sum_shm) {
+    tr_job job = {"shm", 2, 5000, 30, -1, NULL};
+    tr_out *o = tr_run(&job, randk_body, NULL);
+    for (int r = 0; r < 2; r++) {
+        cr_expect_eq(o[r].u[0], TERSE_ERR_CORRUPT, "rank %d returned %llu: %s", r,
+                     (unsigned long long)o[r].u[0], o[r].err);
+        cr_expect(strstr(o[r].err, "random-index stream"), "rank %d: %s", r, o[r].err);
+        cr_expect_eq(o[r].u[1], 0, "rank %d: the buffer was changed", r);
+    }
+    tr_release(o);
+}
+
+/* ------------------------------------------------------------ params */
+
+typedef struct {
+    int status;
+    char err[600];
+} init_out;
+
+/* Fork nranks processes that set rank-specific environment, then join. */
+static init_out *init_job(int nranks, const char *var, const char *const *vals) {
+    init_out *out = mmap(NULL, sizeof(init_out) * 4, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(out, MAP_FAILED);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", tr_free_port());
+    pid_t pid[4];
+    fflush(NULL);
+    for (int r = 0; r < nranks; r++) {
+        pid[r] = fork();
+        cr_assert_geq(pid[r], 0);
+        if (pid[r] == 0) {
+            if (vals[r]) setenv(var, vals[r], 1);
+            else unsetenv(var);
+            terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+            cfg.rank = r, cfg.nranks = nranks, cfg.addr = addr, cfg.provider = "tcp";
+            cfg.token = "params-test", cfg.timeout_ms = 5000;
+            terse_comm *c = NULL;
+            out[r].status = (int)terse_comm_init(&cfg, &c);
+            snprintf(out[r].err, sizeof out[r].err, "%s", terse_last_error());
+            terse_comm_free(c);
+            _exit(0);
+        }
+    }
+    double deadline = tr_now_ms() + 20000;
+    for (int r = 0; r < nranks; r++) {
+        int st;
+        while (waitpid(pid[r], &st, WNOHANG) == 0) {
+            if (tr_now_ms() > deadline) kill(pid[r], SIGKILL);
+            usleep(5000);
+        }
+        tr_remove_shm_of(pid[r]);
+    }
+    return out;
+}
+
+Test(params, a_variable_that_differs_between_ranks_fails_init_on_every_rank_naming_it) {
+    const char *const vals[3] = {"512k", "1m", "512k"};
+    init_out *o = init_job(3, "TERSE_RING_CHUNK_BYTES", vals);
+    for (int r = 0; r < 3; r++) {
+        cr_expect_eq(o[r].status, TERSE_ERR_INVALID, "rank %d: %d %s", r, o[r].status, o[r].err);
+        cr_expect(strstr(o[r].err, "TERSE_RING_CHUNK_BYTES"), "rank %d: %s", r, o[r].err);
+        cr_expect(strstr(o[r].err, "524288") && strstr(o[r].err, "1048576"), "rank %d: %s", r,
+                  o[r].err);
+    }
+    munmap(o, sizeof(init_out) * 4);
+}
+
+Test(params, unset_on_one_rank_and_the_default_on_another_agree) {
+    const char *const vals[2] = {"64k", NULL};
+    init_out *o = init_job(2, "TERSE_RD_MAX_BYTES", vals);
+    for (int r = 0; r < 2; r++) cr_expect_eq(o[r].status, TERSE_OK, "rank %d: %s", r, o[r].err);
+    munmap(o, sizeof(init_out) * 4);
+}
+
+static void expect_refused(const char *var, const char *val) {
+    setenv(var, val, 1);
+    terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+    cfg.rank = 0, cfg.nranks = 1, cfg.provider = "shm";
+    terse_comm *c = NULL;
+    cr_expect_eq(terse_comm_init(&cfg, &c), TERSE_ERR_INVALID, "%s=%s was accepted", var, val);
+    cr_expect_null(c);
+    cr_expect(strstr(terse_last_error(), var), "%s=%s: %s", var, val, terse_last_error());
+    terse_comm_free(c);
+    unsetenv(var);
+}
+
+Test(params, malformed_values_are_refused_not_ignored) {
+    expect_refused("TERSE_RING_CHUNK_BYTES", "64q");
+    expect_refused("TERSE_RING_CHUNK_BYTES", "1k"); /* below 4 KiB */
+    expect_refused("TERSE_RING_CHUNK_BYTES", "-4096");
+    expect_refused("TERSE_RD_MAX_BYTES", "lots");
+    expect_refused("TERSE_RD_MAX_BYTES", "64 k");
+    expect_refused("TERSE_CHUNK_BYTES", "0");
+    expect_refused("TERSE_CHUNK_BYTES", "99999999999999999999");
+    expect_refused("TERSE_PROGRESS", "threads");
+}
+
+Test(params, suffixes_are_powers_of_1024) {
+    size_t v = 0;
+    cr_expect_eq(terse__parse_bytes("X", "64k", 0, SIZE_MAX, &v), TERSE_OK);
+    cr_expect_eq(v, 65536);
+    cr_expect_eq(terse__parse_bytes("X", "2MiB", 0, SIZE_MAX, &v), TERSE_OK);
+    cr_expect_eq(v, 2u << 20);
+    cr_expect_eq(terse__parse_bytes("X", "1G", 0, SIZE_MAX, &v), TERSE_OK);
+    cr_expect_eq(v, 1u << 30);
+    cr_expect_eq(terse__parse_bytes("X", "12", 0, SIZE_MAX, &v), TERSE_OK);
+    cr_expect_eq(v, 12);
+    cr_expect_eq(terse__parse_bytes("X", "1kk", 0, SIZE_MAX, &v), TERSE_ERR_INVALID);
+    cr_expect_eq(terse__parse_bytes("X", "", 0, SIZE_MAX, &v), TERSE_ERR_INVALID);
+    cr_expect_eq(terse__parse_bytes("X", "0x10", 0, SIZE_MAX, &v), TERSE_ERR_INVALID);
+}

@@ -1,0 +1,209 @@
+/* tsan_engine: the engine's threads under ThreadSanitizer.
+ *
+ * Criterion cannot run under TSan here (its arena allocator fails to
+ * start), so this is a plain program: it forks real rank processes over a
+ * real provider and exercises every call the header says is thread-safe,
+ * from several threads at once -- starts on one thread while the progress
+ * thread runs them, tests and waits on different requests from different
+ * threads, statistics read from a third thread, a group, and abort from a
+ * second thread while a large allreduce is in flight. Built and run by
+ * ./terse.sh test in a clang -fsanitize=thread build; TSan's report (and
+ * its exit code 66) or a wrong result fails it.
+ *
+ *   tsan_engine [PROVIDER [NRANKS]]     defaults: tcp 2 */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "terse.h"
+
+#define NREQ 6
+#define N 200000
+
+static int fails;
+
+#define CHECK(cond, ...)                                                    \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            fprintf(stderr, "tsan_engine rank %d: ", rank);                 \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fprintf(stderr, " (%s)\n", terse_last_error());                 \
+            fails++;                                                        \
+        }                                                                   \
+    } while (0)
+
+typedef struct {
+    terse_request *req;
+    terse_status status;
+} waiter;
+
+static void *wait_one(void *arg) {
+    waiter *w = arg;
+    w->status = terse_request_wait(w->req);
+    return NULL;
+}
+
+typedef struct {
+    terse_comm *c;
+    _Atomic int stop;
+    unsigned long reads;
+} stats_reader;
+
+static void *read_stats(void *arg) {
+    stats_reader *s = arg;
+    while (!s->stop) {
+        terse_comm_stats st = TERSE_COMM_STATS_INIT;
+        if (terse_comm_get_stats(s->c, &st) == TERSE_OK) s->reads++;
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void *abort_soon(void *arg) {
+    usleep(100 * 1000);
+    terse_comm_abort(arg);
+    return NULL;
+}
+
+static void fill(float *x, size_t n, int rank, int k) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)((i * 7 + (size_t)k * 13 + (size_t)rank) % 97);
+}
+
+static int body(terse_comm *c, int rank, int nranks) {
+    static float buf[NREQ][N];
+    terse_request *q[NREQ];
+    stats_reader sr = {c, 0, 0};
+    pthread_t st;
+    pthread_create(&st, NULL, read_stats, &sr);
+
+    /* 1. starts here, waits on two other threads, tests here */
+    for (int k = 0; k < NREQ; k++) {
+        fill(buf[k], N, rank, k);
+        CHECK(terse_allreduce_start(c, buf[k], N, NULL, TERSE_OP_SUM, &q[k]) == TERSE_OK,
+              "start %d", k);
+    }
+    waiter w[2] = {{q[1], TERSE_OK}, {q[4], TERSE_OK}};
+    pthread_t wt[2];
+    for (int i = 0; i < 2; i++) pthread_create(&wt[i], NULL, wait_one, &w[i]);
+    for (int k = NREQ - 1; k >= 0; k--) {
+        if (k == 1 || k == 4) continue;
+        int done = 0;
+        while (!done) CHECK(terse_request_test(q[k], &done) == TERSE_OK, "test %d", k);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(wt[i], NULL);
+        CHECK(w[i].status == TERSE_OK, "wait on a second thread");
+    }
+    for (int k = 0; k < NREQ; k++) {
+        terse_request_free(q[k]);
+        for (size_t i = 0; i < N; i += 997) {
+            float want = 0;
+            for (int r = 0; r < nranks; r++)
+                want += (float)((i * 7 + (size_t)k * 13 + (size_t)r) % 97);
+            if (buf[k][i] != want) {
+                CHECK(0, "request %d element %zu: %g, want %g", k, i, buf[k][i], want);
+                break;
+            }
+        }
+    }
+
+    /* 2. a group of small ones, then a blocking call */
+    CHECK(terse_group_start(c) == TERSE_OK, "group start");
+    for (int k = 0; k < NREQ; k++)
+        CHECK(terse_allreduce_start(c, buf[k], 100 + (size_t)k, NULL, TERSE_OP_AVG, &q[k]) ==
+                  TERSE_OK,
+              "group member %d", k);
+    CHECK(terse_group_end(c) == TERSE_OK, "group end");
+    CHECK(terse_barrier(c) == TERSE_OK, "barrier after the group");
+    for (int k = 0; k < NREQ; k++) {
+        CHECK(terse_request_wait(q[k]) == TERSE_OK, "group wait %d", k);
+        terse_request_free(q[k]);
+    }
+
+    /* 3. abort from a second thread while a big allreduce runs */
+    const size_t big = (size_t)32 << 20;
+    float *x = calloc(big, sizeof(float));
+    terse_request *b;
+    CHECK(terse_allreduce_start(c, x, big, NULL, TERSE_OP_SUM, &b) == TERSE_OK, "big start");
+    pthread_t at;
+    pthread_create(&at, NULL, abort_soon, c);
+    terse_status s = terse_request_wait(b);
+    pthread_join(at, NULL);
+    CHECK(s == TERSE_ERR_ABORTED || s == TERSE_OK || s == TERSE_ERR_PEER_LOST,
+          "big allreduce under abort returned %s", terse_status_name(s));
+    terse_request_free(b);
+    free(x);
+    sr.stop = 1;
+    pthread_join(st, NULL);
+    return fails;
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        return -1;
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        printf("usage: tsan_engine [PROVIDER [NRANKS]]  (defaults: tcp 2)\n"
+               "Runs the engine's thread-safe calls from several threads in real rank\n"
+               "processes; build it with clang -fsanitize=thread. Exit 0: clean.\n");
+        return 0;
+    }
+    const char *provider = argc > 1 ? argv[1] : "tcp";
+    int nranks = argc > 2 ? atoi(argv[2]) : 2;
+    if (nranks < 2 || nranks > 8) {
+        fprintf(stderr, "tsan_engine: NRANKS must be 2..8\n");
+        return 2;
+    }
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", free_port());
+    pid_t pid[8];
+    fflush(NULL);
+    for (int r = 0; r < nranks; r++) {
+        pid[r] = fork();
+        if (pid[r] == 0) {
+            alarm(120); /* never hang CI */
+            terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+            cfg.rank = r, cfg.nranks = nranks, cfg.addr = addr, cfg.provider = provider;
+            cfg.token = "tsan-engine", cfg.timeout_ms = 20000;
+            terse_comm *c = NULL;
+            int rank = r;
+            if (terse_comm_init(&cfg, &c) != TERSE_OK) {
+                CHECK(0, "terse_comm_init");
+                _exit(1);
+            }
+            int rc = body(c, r, nranks);
+            terse_comm_free(c);
+            _exit(rc ? 1 : 0);
+        }
+    }
+    int bad = 0;
+    for (int r = 0; r < nranks; r++) {
+        int st = 0;
+        waitpid(pid[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "tsan_engine: rank %d ended with status %#x\n", r, st);
+            bad = 1;
+        }
+    }
+    printf("tsan_engine %s x%d: %s\n", provider, nranks, bad ? "FAILED" : "clean");
+    return bad;
+}
