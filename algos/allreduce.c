@@ -46,12 +46,11 @@ terse_status terse__allreduce_check(terse_comm *c, float *buf, size_t n, terse_c
 
 /* The codec's state before the call, so that a failed collective can put
  * it back (transactional state: residual, step, stream, PowerSGD's Q). */
-static terse_status snapshot(terse_comm *c, terse_codec *codec, size_t *len) {
-    size_t need = terse_codec_state_size(codec);
-    void *p = terse__comm_scratch(c, TERSE__SCRATCH_STATE, need);
+static terse_status snapshot(terse_comm *c, terse_codec *codec) {
+    void *p = terse__comm_scratch(c, TERSE__SCRATCH_STATE, terse__codec_snapshot_size(codec));
     if (!p) return TERSE_ERR_NOMEM;
     uint64_t t0 = terse__now_ns();
-    terse_status s = terse_codec_state_save(codec, p, need, len);
+    terse_status s = terse__codec_snapshot(codec, p);
     terse__comm_codec_time(c, t0);
     return s;
 }
@@ -67,14 +66,13 @@ static terse_status run_codec(terse_comm *c, float *buf, size_t n, terse_codec *
 terse_status terse__allreduce_run(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                   terse_op op) {
     if (!codec) return terse__allreduce_dense(c, buf, n, op == TERSE_OP_AVG);
-    size_t len = 0;
-    TERSE_CHECK(snapshot(c, codec, &len));
+    TERSE_CHECK(snapshot(c, codec));
     terse_status s = run_codec(c, buf, n, codec, op);
     if (s != TERSE_OK) {
         /* Keep the sentence of the failure, not of the restore. */
         char why[512];
         snprintf(why, sizeof why, "%s", terse_last_error());
-        if (terse_codec_state_load(codec, c->scratch[TERSE__SCRATCH_STATE], len) != TERSE_OK)
+        if (terse__codec_restore(codec, c->scratch[TERSE__SCRATCH_STATE]) != TERSE_OK)
             fprintf(stderr, "terse: rank %d: restoring codec '%s' after a failed allreduce "
                             "failed: %s\n", c->rank, terse_codec_spec(codec), terse_last_error());
         terse__error_restore(why);

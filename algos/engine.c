@@ -151,6 +151,11 @@ static terse_status fuse_batch(terse_comm *c, terse_request **members, size_t co
             off += members[i]->a.ar.n;
         }
     TERSE_CHECK(terse__allreduce_rd(c, buf, total, op == TERSE_OP_AVG));
+    size_t members_in_batch = 0;
+    for (size_t i = first; i < count; i++) members_in_batch += taken[i] == 2;
+    pthread_mutex_lock(&c->stats_lock);
+    c->stats.ops += members_in_batch - 1; /* terse__comm_end counts one */
+    pthread_mutex_unlock(&c->stats_lock);
     off = 0;
     for (size_t i = first; i < count; i++)
         if (taken[i] == 2) {

@@ -50,4 +50,12 @@ enum {
     TERSE_ID_VQ = 11,
 };
 
+/* A codec's mutable state (step, residual, the codec's own state such as
+ * PowerSGD's Q) copied out and back, for collectives that must leave a
+ * codec as it was when they fail (compress/state.c). No header and no
+ * checksum: a snapshot never leaves the process. */
+size_t terse__codec_snapshot_size(const terse_codec *c);
+terse_status terse__codec_snapshot(const terse_codec *c, void *dst);
+terse_status terse__codec_restore(terse_codec *c, const void *src);
+
 #endif

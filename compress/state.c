@@ -117,3 +117,31 @@ terse_status terse_codec_state_load(terse_codec *c, const void *src, size_t len)
     c->rank = terse__get_u32(p + 48);
     return TERSE_OK;
 }
+
+/* ---- snapshots for transactional collectives (no header, no checksum:
+ * they never leave the process) ---- */
+
+size_t terse__codec_snapshot_size(const terse_codec *c) {
+    return sizeof(uint64_t) + (c->ef ? c->n * sizeof(float) : 0) + plugin_state_size(c);
+}
+
+terse_status terse__codec_snapshot(const terse_codec *c, void *dst) {
+    uint8_t *p = dst;
+    memcpy(p, &c->step, sizeof(uint64_t));
+    p += sizeof(uint64_t);
+    if (c->ef) {
+        memcpy(p, c->residual, c->n * sizeof(float));
+        p += c->n * sizeof(float);
+    }
+    return plugin_state_size(c) ? c->ops.state_save(c->self, p) : TERSE_OK;
+}
+
+terse_status terse__codec_restore(terse_codec *c, const void *src) {
+    const uint8_t *p = src;
+    size_t ps = plugin_state_size(c);
+    const uint8_t *ep = p + sizeof(uint64_t), *pp = ep + (c->ef ? c->n * sizeof(float) : 0);
+    if (ps) TERSE_CHECK(c->ops.state_load(c->self, pp, ps));
+    memcpy(&c->step, p, sizeof(uint64_t));
+    if (c->ef) memcpy(c->residual, ep, c->n * sizeof(float));
+    return TERSE_OK;
+}

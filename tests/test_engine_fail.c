@@ -241,3 +241,59 @@ Test(params, suffixes_are_powers_of_1024) {
     cr_expect_eq(terse__parse_bytes("X", "", 0, SIZE_MAX, &v), TERSE_ERR_INVALID);
     cr_expect_eq(terse__parse_bytes("X", "0x10", 0, SIZE_MAX, &v), TERSE_ERR_INVALID);
 }
+
+/* ------------------------------------------------------------ requests */
+
+/* Rank 2 dies (SIGKILL) or stops (SIGSTOP) while ranks 0 and 1 have four
+ * requests in flight; every one must complete with PEER_LOST or TIMEOUT
+ * naming rank 2. u[k]: request k's status; val[0]: time to the last. */
+#define INFLIGHT 4
+static int inflight_body(terse_comm *c, tr_out *o, const void *arg) {
+    const int sig = *(const int *)arg, r = terse_comm_rank(c);
+    const size_t n = (size_t)4 << 20;
+    float *x[INFLIGHT];
+    for (int k = 0; k < INFLIGHT; k++) x[k] = calloc(n, sizeof(float));
+    TR_CALL(o, terse_barrier(c));
+    tr_out *all = o - r; /* every rank's outputs (one shared mapping) */
+    if (r == 2) {
+        all[2].u[10] = (uint64_t)getpid();
+        usleep(50 * 1000);
+        raise(sig);
+        usleep(10 * 1000 * 1000); /* stopped: rank 0 kills us at the end */
+        return 0;
+    }
+    terse_request *q[INFLIGHT];
+    double t0 = tr_now_ms();
+    for (int k = 0; k < INFLIGHT; k++)
+        TR_CALL(o, terse_allreduce_start(c, x[k], n, NULL, TERSE_OP_SUM, &q[k]));
+    for (int k = 0; k < INFLIGHT; k++) {
+        o->u[k] = (uint64_t)terse_request_wait(q[k]);
+        snprintf(o->err + 0, sizeof o->err, "%s", terse_last_error());
+        o->hash[k] = strstr(terse_last_error(), "rank 2") != NULL;
+        terse_request_free(q[k]);
+    }
+    o->val[0] = tr_now_ms() - t0;
+    for (int k = 0; k < INFLIGHT; k++) free(x[k]);
+    if (sig == SIGSTOP && r == 0) kill((pid_t)all[2].u[10], SIGKILL);
+    return 0;
+}
+
+static void check_inflight(int sig) {
+    tr_job job = {"tcp", 3, 3000, 30, 2, NULL};
+    tr_out *o = tr_run(&job, inflight_body, &sig);
+    for (int r = 0; r < 2; r++) {
+        for (int k = 0; k < INFLIGHT; k++) {
+            cr_expect(o[r].u[k] == TERSE_ERR_PEER_LOST || o[r].u[k] == TERSE_ERR_TIMEOUT,
+                      "%s: rank %d request %d returned %llu: %s", strsignal(sig), r, k,
+                      (unsigned long long)o[r].u[k], o[r].err);
+            cr_expect_eq(o[r].hash[k], 1, "%s: rank %d request %d does not name rank 2: %s",
+                         strsignal(sig), r, k, o[r].err);
+        }
+        cr_expect_leq(o[r].val[0], 3000.0 + 2000.0, "%s: rank %d took %.0f ms", strsignal(sig), r,
+                      o[r].val[0]);
+    }
+    tr_release(o);
+}
+
+Test(requests, every_request_in_flight_fails_naming_a_killed_peer_tcp) { check_inflight(SIGKILL); }
+Test(requests, every_request_in_flight_fails_naming_a_stopped_peer_tcp) { check_inflight(SIGSTOP); }
