@@ -36,11 +36,19 @@
  * directly, may have a more precise error to give. */
 #define STORE_LOSS_GRACE_NS 500000000ull
 
+/* How often the store is polled for loss notices, across waits and
+ * collectives alike: however short the waits, a notice is seen within
+ * this period plus the grace. */
+#define ALIVE_PERIOD_NS 1000000ull
+
 static terse_status comm_alive(void *arg) {
     terse_comm *c = arg;
+    uint64_t now = terse__now_ns();
+    if (c->alive_checked_ns && now - c->alive_checked_ns < ALIVE_PERIOD_NS && !c->store_lost_ns)
+        return TERSE_OK;
+    c->alive_checked_ns = now;
     terse_status s = terse__store_check(c->store);
     if (s == TERSE_OK) return TERSE_OK;
-    uint64_t now = terse__now_ns();
     if (!c->store_lost_ns) c->store_lost_ns = now;
     if (now - c->store_lost_ns < STORE_LOSS_GRACE_NS) return TERSE_OK;
     c->store_said = 1;
@@ -243,9 +251,14 @@ terse_status terse__comm_begin(terse_comm *c, const char *what) {
         s = TERSE_ERROR(TERSE_ERR_INVALID, "%s on rank %d: communicator failed earlier: %s", what,
                         c->rank, c->failure);
     pthread_mutex_unlock(&c->lock);
-    c->store_lost_ns = 0;
+    /* store_lost_ns is kept: a notice's grace runs from its arrival, not
+     * from the start of each collective. */
     c->store_said = 0;
     return s;
+}
+
+terse_status terse__comm_check_alive(terse_comm *c) {
+    return c->store ? comm_alive(c) : TERSE_OK;
 }
 
 terse_status terse__comm_end(terse_comm *c, terse_status s, int keep_usable) {
@@ -347,7 +360,7 @@ terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) 
     if (n == 0) return TERSE_OK;
     uint64_t t0 = terse__now_ns();
     terse__fabric_wait_opts o = {UINT64_MAX, (uint64_t)c->timeout_ms * 1000000ull, &c->aborted,
-                                 c->store ? comm_alive : NULL, c};
+                                 c->store ? comm_alive : NULL, c, 0};
     terse_status s = terse__fabric_wait_ex(c->fabric, reqs, n, &o);
     if ((s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT) && c->store && !c->store_said)
         s = explain(c, s);

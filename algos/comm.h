@@ -91,6 +91,7 @@ struct terse_comm {
 
     uint32_t seq;         /* bumped once per collective phase, on every rank */
     uint64_t store_lost_ns; /* when the store first reported a loss (0: never) */
+    uint64_t alive_checked_ns; /* when the store was last polled */
     int store_said;         /* the wait failed because the store reported a loss */
 
     int failed;
@@ -126,6 +127,10 @@ struct terse_comm {
 /* Start a collective: refuse an aborted communicator (TERSE_ERR_ABORTED)
  * or a failed one (TERSE_ERR_INVALID, quoting the first failure). */
 terse_status terse__comm_begin(terse_comm *c, const char *what);
+
+/* Poll the store for loss notices (rate-limited to once a millisecond);
+ * a notice older than its grace fails with TERSE_ERR_PEER_LOST. */
+terse_status terse__comm_check_alive(terse_comm *c);
 
 /* Finish a collective with status s: on success count the op; on any
  * error except a consistent TERSE_ERR_DST_TOO_SMALL (keep_usable) remember

@@ -108,7 +108,8 @@ static terse_status run_one(terse_comm *c, terse_request *r) {
     terse_status s = terse__comm_begin(c, kind_name(r->kind));
     if (s != TERSE_OK) return s;
     int keep_usable = 0;
-    s = run_op(c, r, &keep_usable);
+    s = terse__comm_check_alive(c);
+    if (s == TERSE_OK) s = run_op(c, r, &keep_usable);
     s = terse__comm_end(c, s, keep_usable);
     if (s != TERSE_OK && !keep_usable) terse__fabric_quiesce(c->fabric);
     return s;

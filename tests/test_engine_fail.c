@@ -2,6 +2,7 @@
  * after a failed collective, ranks whose random streams or tuning
  * variables disagree, and malformed tuning values. Real rank processes
  * over real providers. */
+#include "algos/comm.h"
 #include "common/env.h"
 #include "ranks.h"
 #include "testutil.h"
@@ -297,3 +298,51 @@ static void check_inflight(int sig) {
 
 Test(requests, every_request_in_flight_fails_naming_a_killed_peer_tcp) { check_inflight(SIGKILL); }
 Test(requests, every_request_in_flight_fails_naming_a_stopped_peer_tcp) { check_inflight(SIGSTOP); }
+
+/* ------------------------------------------------------------ loss notices */
+
+/* Rank 1 drops its store connection without a goodbye but keeps its
+ * endpoint and keeps calling: the store announces it lost while its
+ * messages still flow (what an impersonator that displaced it looks like).
+ * Rank 0 runs tiny allreduces, each well under a millisecond, paced by
+ * `arg` ms of sleep; it must fail within 1 s of the notice.
+ * u[0]: status; val[0]: ms from the drop to the failure; u[1]: calls. */
+static int notice_body(terse_comm *c, tr_out *o, const void *arg) {
+    const int pace_ms = *(const int *)arg, r = terse_comm_rank(c);
+    tr_out *all = o - r;
+    float x = 1;
+    for (int i = 0; i < 20; i++) TR_CALL(o, terse_allreduce(c, &x, 1, NULL, TERSE_OP_SUM));
+    if (r == 1) {
+        all[1].val[1] = tr_now_ms();
+        terse__store_abandon(c->store);
+        c->store = NULL;
+    }
+    terse_status s = TERSE_OK;
+    for (int i = 0; i < 100000 && s == TERSE_OK; i++) {
+        s = terse_allreduce(c, &x, 1, NULL, TERSE_OP_SUM);
+        o->u[1]++;
+        if (pace_ms) usleep((useconds_t)pace_ms * 1000);
+        if (r == 1 && tr_now_ms() - all[1].val[1] > 5000) break;
+    }
+    o->u[0] = (uint64_t)s;
+    o->val[0] = tr_now_ms() - all[1].val[1];
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    return 0;
+}
+
+static void check_notice(int pace_ms) {
+    tr_job job = {"tcp", 2, 3000, 30, -1, NULL};
+    tr_out *o = tr_run(&job, notice_body, &pace_ms);
+    cr_expect_eq(o[0].u[0], TERSE_ERR_PEER_LOST, "paced %d ms: rank 0 returned %llu after %llu "
+                 "calls: %s", pace_ms, (unsigned long long)o[0].u[0],
+                 (unsigned long long)o[0].u[1], o[0].err);
+    cr_expect(strstr(o[0].err, "rank 1"), "%s", o[0].err);
+    cr_expect_leq(o[0].val[0], 1000.0, "paced %d ms: rank 0 failed %.0f ms after the notice",
+                  pace_ms, o[0].val[0]);
+    cr_log_info("paced %d ms: rank 0 failed %.0f ms after rank 1 left the store (%llu calls)",
+                pace_ms, o[0].val[0], (unsigned long long)o[0].u[1]);
+    tr_release(o);
+}
+
+Test(loss_notice, fails_within_1s_however_the_calls_are_paced_back_to_back) { check_notice(0); }
+Test(loss_notice, fails_within_1s_however_the_calls_are_paced_5ms_apart) { check_notice(5); }

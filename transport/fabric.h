@@ -99,6 +99,7 @@ typedef struct terse__fabric_wait_opts {
     const _Atomic int *abort;
     terse__fabric_alive_fn alive;
     void *arg;
+    uint64_t alive_period_ns; /* call alive at most this often (0: every round) */
 } terse__fabric_wait_opts;
 terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, size_t n,
                                    const terse__fabric_wait_opts *opts);

@@ -436,7 +436,7 @@ terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, si
         if (now >= o->deadline_ns) return timed_out(f, pending, start, 0);
         if (o->idle_ns && now - last_event >= o->idle_ns)
             return timed_out(f, pending, start, now - last_event);
-        if (o->alive && now - last_alive >= ALIVE_PERIOD_NS) {
+        if (o->alive && now - last_alive >= o->alive_period_ns) {
             last_alive = now;
             terse_status st = o->alive(o->arg);
             if (st != TERSE_OK) return fail(f, st);
@@ -453,7 +453,7 @@ terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, si
 
 terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_t n,
                                 uint64_t deadline_ns, terse__fabric_alive_fn alive, void *arg) {
-    terse__fabric_wait_opts o = {deadline_ns, 0, NULL, alive, arg};
+    terse__fabric_wait_opts o = {deadline_ns, 0, NULL, alive, arg, ALIVE_PERIOD_NS};
     return terse__fabric_wait_ex(f, reqs, n, &o);
 }
 
