@@ -145,7 +145,7 @@ terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out) 
     TERSE_CHECK_GOTO(terse__params_read(c->rank, &c->params), s, fail);
 
     /* One deadline for every step of init. */
-    const uint64_t deadline = terse__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    const uint64_t deadline = terse__now_ns() + (uint64_t)L.init_timeout_ms * 1000000ull;
     int same = 1;
     if (c->nranks > 1) {
         TERSE_CHECK_GOTO(terse__store_open(L.addr, c->rank, c->nranks, L.token,

@@ -482,8 +482,11 @@ typedef struct terse_comm terse_comm;
  *                 challenge-response). Required when nranks > 1.
  *   timeout_ms    TERSE_TIMEOUT_MS, default 60000: how long a call waits
  *                 for a peer that makes no progress before failing (an
- *                 inactivity timeout); terse_comm_init uses it as one
- *                 deadline for all of its steps.
+ *                 inactivity timeout).
+ *   init_timeout_ms TERSE_INIT_TIMEOUT_MS, default max(timeout_ms, 30000):
+ *                 one deadline for every step of terse_comm_init (store
+ *                 connection and name lookup included), long enough for
+ *                 ranks that launchers start seconds apart.
  *
  * Progress: TERSE_PROGRESS=thread (default) gives every communicator a
  * progress thread that runs started collectives -- transfers, reductions
@@ -517,9 +520,10 @@ typedef struct terse_comm_config {
     const char *provider; /* NULL: from the environment, else "auto" */
     const char *token;    /* NULL: from the environment */
     int timeout_ms;       /* 0: from the environment, else 60000 */
+    int init_timeout_ms;  /* 0: from the environment, else max(timeout_ms, 30000) */
 } terse_comm_config;
 
-#define TERSE_COMM_CONFIG_INIT {sizeof(terse_comm_config), -1, -1, NULL, NULL, NULL, 0}
+#define TERSE_COMM_CONFIG_INIT {sizeof(terse_comm_config), -1, -1, NULL, NULL, NULL, 0, 0}
 
 /* Join the job: rendezvous at rank 0's store, open the libfabric endpoint,
  * exchange addresses. Blocks until every rank has joined or the timeout

@@ -217,6 +217,23 @@ static terse_status resolve_timeout(const terse_comm_config *cfg, terse__launch 
     return v ? parse_int("TERSE_TIMEOUT_MS", v, 1, &out->timeout_ms) : TERSE_OK;
 }
 
+/* Init waits for ranks that a launcher may start seconds apart, so its
+ * deadline is its own: at least 30 s unless set. */
+static terse_status resolve_init_timeout(const terse_comm_config *cfg, terse__launch *out) {
+    if (HAS_FIELD(cfg, init_timeout_ms) && cfg->init_timeout_ms != 0) {
+        if (cfg->init_timeout_ms < 0)
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "config init_timeout_ms %d is negative (0 takes "
+                               "TERSE_INIT_TIMEOUT_MS)",
+                               cfg->init_timeout_ms);
+        out->init_timeout_ms = cfg->init_timeout_ms;
+        return TERSE_OK;
+    }
+    const char *v = getenv("TERSE_INIT_TIMEOUT_MS");
+    out->init_timeout_ms = out->timeout_ms > 30000 ? out->timeout_ms : 30000;
+    return v ? parse_int("TERSE_INIT_TIMEOUT_MS", v, 1, &out->init_timeout_ms) : TERSE_OK;
+}
+
 terse_status terse__launch_resolve(const terse_comm_config *cfg, terse__launch *out) {
     if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "terse__launch_resolve: out is NULL");
     memset(out, 0, sizeof *out);
@@ -228,6 +245,7 @@ terse_status terse__launch_resolve(const terse_comm_config *cfg, terse__launch *
     TERSE_CHECK_GOTO(resolve_ranks(cfg, out), st, fail);
     TERSE_CHECK_GOTO(resolve_provider(cfg, out), st, fail);
     TERSE_CHECK_GOTO(resolve_timeout(cfg, out), st, fail);
+    TERSE_CHECK_GOTO(resolve_init_timeout(cfg, out), st, fail);
     /* One process has nobody to meet: no store, so no address or token. */
     if (out->nranks > 1) {
         TERSE_CHECK_GOTO(resolve_addr(cfg, out), st, fail);

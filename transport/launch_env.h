@@ -12,6 +12,7 @@ typedef struct terse__launch {
     char provider[32];
     char token[256];
     int timeout_ms;
+    int init_timeout_ms;
     char source[64];    /* which launcher's variables were used, for messages */
 } terse__launch;
 
