@@ -75,9 +75,12 @@ case "$cmd" in
         cmake -S . -B build-tsan -G Ninja -DTERSE_WERROR=ON -DCMAKE_C_COMPILER=clang \
               -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTERSE_SANITIZE=thread >/dev/null
         cmake --build build-tsan -j "$JOBS" --target tsan_engine
-        for run in "tcp 2" "shm 3" "tcp 3"; do
+        for run in "thread tcp 2 abort" "thread shm 3 free" "thread tcp 3 free" \
+                   "caller tcp 2 free" "caller shm 2 abort"; do
             # shellcheck disable=SC2086
-            TSAN_OPTIONS=halt_on_error=1:exitcode=66 ./build-tsan/tests/tsan_engine $run
+            set -- $run
+            TERSE_PROGRESS=$1 TSAN_OPTIONS=halt_on_error=1:exitcode=66 \
+                ./build-tsan/tests/tsan_engine "$2" "$3" "$4"
         done
         echo "terse.sh test: all suites passed" >&2
         ;;

@@ -183,6 +183,63 @@ fail:
     return s;
 }
 
+/* Closing an shm endpoint after a failure may spin on a dead peer's lock
+ * like any shm call (see the engine's watchdog): close it on a helper
+ * thread and give it a second; if it is stuck, leave it. */
+typedef struct {
+    terse__fabric *f;
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    int done, detached;
+} closer;
+
+static void *close_main(void *arg) {
+    closer *k = arg;
+    terse__fabric_close(k->f);
+    pthread_mutex_lock(&k->m);
+    k->done = 1;
+    int detached = k->detached;
+    pthread_cond_signal(&k->cv);
+    pthread_mutex_unlock(&k->m);
+    if (detached) free(k); /* the waiter gave up on us */
+    return NULL;
+}
+
+static void close_fabric(terse_comm *c) {
+    if (!c->failed || !c->watched) {
+        terse__fabric_close(c->fabric);
+        return;
+    }
+    closer *k = calloc(1, sizeof *k);
+    pthread_t t;
+    if (!k) return; /* leak the fabric rather than risk a spin */
+    k->f = c->fabric;
+    pthread_mutex_init(&k->m, NULL);
+    pthread_cond_init(&k->cv, NULL);
+    if (pthread_create(&t, NULL, close_main, k) != 0) {
+        free(k);
+        return;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 1;
+    pthread_mutex_lock(&k->m);
+    while (!k->done && pthread_cond_timedwait(&k->cv, &k->m, &until) == 0) {}
+    int done = k->done;
+    if (!done) k->detached = 1;
+    pthread_mutex_unlock(&k->m);
+    if (done) {
+        pthread_join(t, NULL);
+        pthread_mutex_destroy(&k->m);
+        pthread_cond_destroy(&k->cv);
+        free(k);
+    } else {
+        pthread_detach(t);
+        fprintf(stderr, "terse: rank %d: closing the %s endpoint is stuck on a dead peer's lock; "
+                        "left open\n", c->rank, c->provider);
+    }
+}
+
 void terse_comm_free(terse_comm *c) {
     if (!c) return;
     /* In a child forked after init the progress thread does not exist and
@@ -191,13 +248,20 @@ void terse_comm_free(terse_comm *c) {
     /* Requests first: whatever is still queued or running is aborted and
      * completed, and the progress thread is gone before the endpoint. */
     terse__engine_shutdown(c);
-    if (atomic_load(&c->aborted)) c->failed = 1;
+    if (atomic_load(&c->aborted) || c->refusing) c->failed = 1;
+    if (atomic_load(&c->abandoned)) {
+        /* The progress thread is stuck inside the provider and may yet
+         * touch the communicator and the fabric: tell the others we are
+         * gone and leave both allocated. */
+        terse__store_abandon(c->store);
+        return;
+    }
     /* The endpoint first: once it is closed nothing can complete into our
      * requests or buffers. The store last: after a clean run its goodbye
      * tells the others this rank left rather than died; after a failure we
      * leave without one, so that ranks still waiting on us are told at
      * once that we are gone instead of running into their timeout. */
-    terse__fabric_close(c->fabric);
+    close_fabric(c);
     if (c->failed)
         terse__store_abandon(c->store);
     else
@@ -214,6 +278,9 @@ const char *terse_comm_provider(const terse_comm *c) { return c ? c->provider : 
 
 terse_status terse_comm_get_stats(const terse_comm *c, terse_comm_stats *stats) {
     if (!c || !stats) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_comm_get_stats: NULL argument");
+    if (c->pid != getpid()) /* its locks may have been held at the fork */
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_comm_get_stats: used in a child process "
+                                              "forked after terse_comm_init");
     if (stats->size < sizeof(size_t))
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_comm_get_stats: stats->size is %zu; start from "
@@ -230,7 +297,7 @@ terse_status terse_comm_get_stats(const terse_comm *c, terse_comm_stats *stats) 
 }
 
 void terse_comm_reset_stats(terse_comm *c) {
-    if (!c) return;
+    if (!c || c->pid != getpid()) return;
     pthread_mutex_lock(&c->stats_lock);
     c->stats = (terse_comm_stats)TERSE_COMM_STATS_INIT;
     pthread_mutex_unlock(&c->stats_lock);
@@ -255,6 +322,12 @@ terse_status terse__comm_begin(terse_comm *c, const char *what) {
      * from the start of each collective. */
     c->store_said = 0;
     return s;
+}
+
+terse_status terse__comm_poll_abort(terse_comm *c, const char *where) {
+    if (!atomic_load_explicit(&c->aborted, memory_order_relaxed)) return TERSE_OK;
+    return TERSE_ERROR(TERSE_ERR_ABORTED, "rank %d: aborted (terse_comm_abort) while %s", c->rank,
+                       where);
 }
 
 terse_status terse__comm_check_alive(terse_comm *c) {
@@ -362,7 +435,8 @@ terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) 
     terse__fabric_wait_opts o = {UINT64_MAX, (uint64_t)c->timeout_ms * 1000000ull, &c->aborted,
                                  c->store ? comm_alive : NULL, c, 0};
     terse_status s = terse__fabric_wait_ex(c->fabric, reqs, n, &o);
-    if ((s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT) && c->store && !c->store_said)
+    if ((s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT) && c->store && !c->store_said &&
+        !terse__fabric_is_abandoned(c->fabric))
         s = explain(c, s);
     add_seconds(c, &c->stats.network_seconds, t0);
     return s;

@@ -64,6 +64,7 @@ struct terse_request {
     terse_request *members; /* TERSE__OP_GROUP: its members, in start order */
     int in_group;           /* started inside a group not yet ended */
     int orphan;             /* freed inside its open group: free once run */
+    pid_t pid;              /* the process that started it */
     _Atomic int done;       /* set (release) after status and error are final */
     terse_status status;
     char error[512];        /* terse_last_error() of a failure, for the waiter */
@@ -76,6 +77,7 @@ typedef struct terse__params {
     size_t rd_max_bytes;     /* TERSE_RD_MAX_BYTES, default 64 KiB */
     size_t ring_chunk_bytes; /* TERSE_RING_CHUNK_BYTES, default 512 KiB */
     size_t chunk_bytes;      /* TERSE_CHUNK_BYTES (transport), default 1 MiB */
+    int progress_caller;     /* TERSE_PROGRESS=caller (rank-local: not agreed) */
 } terse__params;
 
 /* Read them (a malformed value fails with TERSE_ERR_INVALID). */
@@ -113,6 +115,12 @@ struct terse_comm {
     int busy;            /* an executor is running a request */
     int stop;            /* the progress thread should exit */
     _Atomic int aborted; /* terse_comm_abort was called */
+    _Atomic int abandoned; /* the watchdog gave up on a stuck executor */
+    int watched;         /* shm: blocking calls too go to the progress thread */
+    terse_request *running; /* what the executor holds */
+    int inflight;        /* requests started and not yet done */
+    int waiters;         /* threads inside drive() */
+    int refusing;        /* a start failed on this rank: refuse later starts */
     terse_request *q_head, *q_tail; /* started, not yet run */
     int group_depth;
     terse_request *group_head, *group_tail; /* members of the open group */
@@ -127,6 +135,10 @@ struct terse_comm {
 /* Start a collective: refuse an aborted communicator (TERSE_ERR_ABORTED)
  * or a failed one (TERSE_ERR_INVALID, quoting the first failure). */
 terse_status terse__comm_begin(terse_comm *c, const char *what);
+
+/* TERSE_ERR_ABORTED if terse_comm_abort was called: for long codec work
+ * between waits (`where` says what was interrupted). */
+terse_status terse__comm_poll_abort(terse_comm *c, const char *where);
 
 /* Poll the store for loss notices (rate-limited to once a millisecond);
  * a notice older than its grace fails with TERSE_ERR_PEER_LOST. */

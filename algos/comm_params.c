@@ -34,6 +34,11 @@ terse_status terse__params_read(int rank, terse__params *p) {
                              &p->ring_chunk_bytes);
     if (s == TERSE_OK)
         s = terse__env_bytes(names[2], (size_t)1 << 20, 1, SIZE_MAX, &p->chunk_bytes);
+    static const char *const modes[] = {"thread", "caller", NULL};
+    static const char *const simd[] = {"scalar", "avx2", NULL};
+    int simd_cap = 0;
+    if (s == TERSE_OK) s = terse__env_choice("TERSE_PROGRESS", modes, 0, &p->progress_caller);
+    if (s == TERSE_OK) s = terse__env_choice("TERSE_SIMD", simd, 0, &simd_cap);
     if (s != TERSE_OK) {
         char why[400];
         snprintf(why, sizeof why, "%s", terse__comm_last_sentence());

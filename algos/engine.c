@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "algos/comm.h"
@@ -45,6 +46,11 @@
 /* Fused groups stay below this many bytes per exchange: recursive doubling
  * sends the whole buffer log2(N) times. */
 #define GROUP_FUSE_MAX_BYTES ((size_t)4 << 20)
+
+/* Waiters look at the executor this often, and give up on one stuck in a
+ * single provider call for this long (or the timeout, if shorter). */
+#define WATCH_PERIOD_NS 20000000L
+#define WATCH_LIMIT_NS 5000000000ull
 
 static const char *kind_name(terse__op_kind k) {
     switch (k) {
@@ -76,6 +82,12 @@ static terse_status run_op(terse_comm *c, terse_request *r, int *keep_usable) {
     return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: request of kind %d", c->rank, (int)r->kind);
 }
 
+/* A recorded sentence without its leading status name, for quoting. */
+static const char *unprefixed(const char *e) {
+    const char *colon = strstr(e, ": ");
+    return strncmp(e, "TERSE_", 6) == 0 && colon ? colon + 2 : e;
+}
+
 /* A request that will not run: the communicator was aborted or failed
  * while it waited in the queue. */
 static terse_status not_run(terse_comm *c, terse_request *r) {
@@ -87,7 +99,7 @@ static terse_status not_run(terse_comm *c, terse_request *r) {
     pthread_mutex_lock(&c->lock);
     terse_status s = c->fail_status ? c->fail_status : TERSE_ERR_INVALID;
     char why[512];
-    snprintf(why, sizeof why, "%s", c->failure);
+    snprintf(why, sizeof why, "%s", unprefixed(c->failure));
     pthread_mutex_unlock(&c->lock);
     return TERSE_ERROR(s, "%s on rank %d: not run, an earlier request failed: %s",
                        kind_name(r->kind), c->rank, why);
@@ -115,13 +127,32 @@ static terse_status run_one(terse_comm *c, terse_request *r) {
     return s;
 }
 
-static void finish(terse_request *r, terse_status s) {
+static void finish(terse_comm *c, terse_request *r, terse_status s) {
+    /* A watchdog completed everything this executor held and gave up on
+     * it: r may be gone, touch nothing. */
+    if (atomic_load(&c->abandoned)) return;
+    pthread_mutex_lock(&c->lock);
+    c->inflight--;
+    pthread_mutex_unlock(&c->lock);
     if (r->orphan) { /* freed by its owner inside a group before it ran */
         free(r);
         return;
     }
     r->status = s;
     if (s != TERSE_OK) snprintf(r->error, sizeof r->error, "%s", terse_last_error());
+    atomic_store_explicit(&r->done, 1, memory_order_release);
+}
+
+/* Complete r with s without running it (lock held). */
+static void complete_as(terse_comm *c, terse_request *r, terse_status s) {
+    if (atomic_load_explicit(&r->done, memory_order_acquire)) return;
+    c->inflight--;
+    if (r->orphan) {
+        free(r);
+        return;
+    }
+    r->status = s;
+    snprintf(r->error, sizeof r->error, "%s", terse_last_error());
     atomic_store_explicit(&r->done, 1, memory_order_release);
 }
 
@@ -201,7 +232,7 @@ static void run_group(terse_comm *c, terse_request *g) {
         pthread_mutex_unlock(&c->lock);
         for (terse_request *m = g->members, *next; m; m = next) {
             next = m->next;
-            finish(m, fused);
+            finish(c, m, fused);
         }
     } else {
         size_t i = 0;
@@ -211,19 +242,19 @@ static void run_group(terse_comm *c, terse_request *g) {
         for (i = 0; i < count; i++) {
             terse_status s = fused;
             if (s == TERSE_OK && !taken[i]) s = run_one(c, members[i]);
-            finish(members[i], s);
+            finish(c, members[i], s);
         }
     }
     free(members);
     free(taken);
-    free(g);
+    if (!atomic_load(&c->abandoned)) free(g);
 }
 
 /* Run request r (the executor holds busy). A group container is freed
  * here; an ordinary request is marked done. */
 static void execute(terse_comm *c, terse_request *r) {
     if (r->kind == TERSE__OP_GROUP) run_group(c, r);
-    else finish(r, run_one(c, r));
+    else finish(c, r, run_one(c, r));
 }
 
 /* ---------------------------------------------------------------- queue */
@@ -236,6 +267,7 @@ static terse_request *take(terse_comm *c) {
     if (!c->q_head) c->q_tail = NULL;
     r->next = NULL;
     c->busy = 1;
+    c->running = r;
     return r;
 }
 
@@ -244,7 +276,9 @@ static void execute_unlocked(terse_comm *c, terse_request *r) {
     pthread_mutex_unlock(&c->lock);
     execute(c, r);
     pthread_mutex_lock(&c->lock);
+    if (atomic_load(&c->abandoned)) return; /* the watchdog owns the state now */
     c->busy = 0;
+    c->running = NULL;
     pthread_cond_broadcast(&c->idle);
     if (c->q_head) pthread_cond_signal(&c->work);
 }
@@ -277,59 +311,148 @@ static int is_done(const terse_request *r) {
     return atomic_load_explicit(&r->done, memory_order_acquire);
 }
 
+/* The watchdog, run by a thread waiting for a request (lock held). An
+ * executor that has been inside one provider call for longer than
+ * WATCH_LIMIT (or the timeout, if shorter) is spinning on a lock in a dead
+ * or stopped peer's shared-memory region (libfabric shm): it cannot be
+ * interrupted, so the waiters give up on it -- every request it holds or
+ * that is queued completes with TERSE_ERR_TIMEOUT naming the peer, the
+ * communicator fails, and the stuck thread is abandoned (it touches
+ * nothing of ours if it ever returns). Other providers never spin, and a
+ * provider call otherwise lasts microseconds. */
+static void watchdog(terse_comm *c) {
+    int peer = -1;
+    const char *what = "?";
+    uint64_t age = terse__fabric_call_age(c->fabric, &peer, &what);
+    uint64_t limit = (uint64_t)c->timeout_ms * 1000000ull;
+    if (limit > WATCH_LIMIT_NS) limit = WATCH_LIMIT_NS;
+    if (age < limit || atomic_load(&c->abandoned)) return;
+    char who[32] = "a peer";
+    if (peer >= 0) snprintf(who, sizeof who, "rank %d", peer);
+    terse_status s = TERSE_ERROR(
+        TERSE_ERR_TIMEOUT,
+        "rank %d: the %s provider has spun inside %s (%s) for %llu ms: %s died or was stopped "
+        "holding the lock of its shared-memory region; this rank gives up on its transport",
+        c->rank, c->provider, what, who, (unsigned long long)(age / 1000000u), who);
+    terse__fabric_abandon(c->fabric);
+    atomic_store(&c->abandoned, 1);
+    if (!c->failed) {
+        c->failed = 1;
+        c->fail_status = s;
+        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+    }
+    /* Complete what the stuck executor holds, then everything queued. */
+    terse_request *held = c->running;
+    if (held && held->kind == TERSE__OP_GROUP) {
+        for (terse_request *m = held->members; m; m = m->next) complete_as(c, m, s);
+    } else if (held) {
+        complete_as(c, held, s);
+    }
+    for (terse_request *q = c->q_head, *next; q; q = next) {
+        next = q->next;
+        if (q->kind == TERSE__OP_GROUP) {
+            for (terse_request *m = q->members, *mn; m; m = mn) {
+                mn = m->next;
+                complete_as(c, m, s);
+            }
+            free(q);
+        } else {
+            complete_as(c, q, s);
+        }
+    }
+    c->q_head = c->q_tail = NULL;
+    c->running = NULL;
+    c->busy = 0; /* no one executes any more: every later call fails at admission */
+    pthread_cond_broadcast(&c->idle);
+}
+
 /* Until r is done: sleep while another executor works, else (caller
  * mode, or the thread is gone) run the queue head ourselves. Lock held. */
 static void drive(terse_comm *c, terse_request *r) {
+    c->waiters++;
     while (!is_done(r)) {
         if (c->busy || (c->has_thread && !c->stop)) {
-            pthread_cond_wait(&c->idle, &c->lock);
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += WATCH_PERIOD_NS;
+            if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&c->idle, &c->lock, &until);
+            if (!is_done(r) && c->busy) watchdog(c);
             continue;
         }
         terse_request *h = take(c);
-        if (!h) break; /* cannot happen: r is queued behind h */
+        if (!h) { /* cannot happen: r is queued, so the queue is not empty */
+            complete_as(c, r, TERSE_ERROR(TERSE_ERR_INTERNAL,
+                                          "rank %d: a request waited on is in no queue",
+                                          c->rank));
+            break;
+        }
         execute_unlocked(c, h);
     }
+    if (--c->waiters == 0 && c->stop) pthread_cond_broadcast(&c->idle);
 }
 
 terse_status terse__engine_init(terse_comm *c) {
-    static const char *const modes[] = {"thread", "caller", NULL};
-    int mode = 0;
-    TERSE_CHECK(terse__env_choice("TERSE_PROGRESS", modes, 0, &mode));
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->idle, NULL);
     c->engine_ready = 1;
-    if (mode == 1) return TERSE_OK;
+    if (c->params.progress_caller) return TERSE_OK;
     if (pthread_create(&c->thread, NULL, progress_main, c) != 0)
         return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: cannot start the progress thread",
                            c->rank);
     c->has_thread = 1;
+    /* shm can spin forever inside a provider call (see watchdog): there,
+     * blocking calls also run on the progress thread so that the caller's
+     * thread stays free to notice. */
+    c->watched = strcmp(c->provider, "shm") == 0 && c->nranks > 1;
     return TERSE_OK;
 }
 
-void terse__engine_shutdown(terse_comm *c) {
-    if (!c->engine_ready) return;
-    pthread_mutex_lock(&c->lock);
-    int pending = c->q_head || c->busy || c->group_head;
-    pthread_mutex_unlock(&c->lock);
-    if (pending) atomic_store(&c->aborted, 1);
-    pthread_mutex_lock(&c->lock);
-    c->stop = 1;
-    pthread_cond_broadcast(&c->work);
-    pthread_mutex_unlock(&c->lock);
-    if (c->has_thread) pthread_join(c->thread, NULL);
-    c->has_thread = 0;
-    /* The thread emptied the queue (every request fails at once after an
-     * abort); in caller mode, or for an unended group, do it here. */
-    pthread_mutex_lock(&c->lock);
-    terse_request *r;
-    while ((r = take(c)) != NULL) execute_unlocked(c, r);
+/* Members of a group that never ended; lock held. */
+static void drop_open_group(terse_comm *c) {
     for (terse_request *m = c->group_head, *next; m; m = next) {
         next = m->next;
         m->in_group = 0;
-        finish(m, TERSE_ERROR(TERSE_ERR_ABORTED, "rank %d: the communicator was freed inside "
-                                                 "a group", c->rank));
+        complete_as(c, m, TERSE_ERROR(TERSE_ERR_ABORTED,
+                                      "rank %d: the communicator was freed inside a group",
+                                      c->rank));
     }
     c->group_head = c->group_tail = NULL;
+    c->group_depth = 0;
+}
+
+/* Requests still in flight are aborted (a free is not collective: the
+ * others cannot be waited for); then the thread stops, the queue empties,
+ * and we wait until no other thread is inside drive() before anything is
+ * destroyed. */
+void terse__engine_shutdown(terse_comm *c) {
+    if (!c->engine_ready) return;
+    pthread_mutex_lock(&c->lock);
+    if (c->inflight > 0) atomic_store(&c->aborted, 1);
+    c->stop = 1;
+    pthread_cond_broadcast(&c->work);
+    pthread_cond_broadcast(&c->idle);
+    pthread_mutex_unlock(&c->lock);
+    if (atomic_load(&c->abandoned)) {
+        /* The progress thread is stuck inside the provider: never join it,
+         * and leave everything it might touch allocated (terse_comm_free
+         * leaks the communicator). */
+        pthread_detach(c->thread);
+        c->has_thread = 0;
+        pthread_mutex_lock(&c->lock);
+        drop_open_group(c);
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    if (c->has_thread) pthread_join(c->thread, NULL);
+    c->has_thread = 0;
+    pthread_mutex_lock(&c->lock);
+    while (c->busy) pthread_cond_wait(&c->idle, &c->lock); /* a caller-mode executor */
+    terse_request *r;
+    while ((r = take(c)) != NULL) execute_unlocked(c, r);
+    drop_open_group(c);
+    pthread_cond_broadcast(&c->idle);
+    while (c->waiters > 0) pthread_cond_wait(&c->idle, &c->lock);
     pthread_mutex_unlock(&c->lock);
     pthread_cond_destroy(&c->work);
     pthread_cond_destroy(&c->idle);
@@ -338,9 +461,12 @@ void terse__engine_shutdown(terse_comm *c) {
 
 /* ---------------------------------------------------------------- public */
 
-/* The checks every start shares. A bad argument fails the communicator:
- * the other ranks run a collective this rank does not, which cannot end
- * well for anyone but fails here at once. */
+/* The checks every start shares. A bad argument refuses this and every
+ * later start (the other ranks run a collective this rank does not, which
+ * cannot end well) while requests already started still run: whether they
+ * had begun must not depend on this rank's thread timing, since the other
+ * ranks run them too. Freeing the communicator then tells the others this
+ * rank is gone. */
 static terse_status admit(terse_comm *c, const char *what, terse_status arg_check) {
     if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: communicator is NULL", what);
     if (c->pid != getpid())
@@ -355,13 +481,25 @@ static terse_status admit(terse_comm *c, const char *what, terse_status arg_chec
                            what, c->rank);
     pthread_mutex_lock(&c->lock);
     terse_status s = TERSE_OK;
-    if (c->failed) {
+    if (c->failed || c->refusing) {
         s = TERSE_ERROR(TERSE_ERR_INVALID, "%s on rank %d: communicator failed earlier: %s",
-                        what, c->rank, c->failure);
+                        what, c->rank, unprefixed(c->failure));
     } else if (arg_check != TERSE_OK) {
         s = arg_check;
-        c->failed = 1;
-        c->fail_status = s;
+        c->refusing = 1;
+        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+    }
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
+/* A start that could not be carried out after admission (no request
+ * pointer, no memory): this rank skips a collective the others run, so
+ * refuse from now on, like a bad argument. */
+static terse_status refuse(terse_comm *c, terse_status s) {
+    pthread_mutex_lock(&c->lock);
+    if (!c->refusing && !c->failed) {
+        c->refusing = 1;
         snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
     }
     pthread_mutex_unlock(&c->lock);
@@ -371,6 +509,7 @@ static terse_status admit(terse_comm *c, const char *what, terse_status arg_chec
 /* Queue r (or add it to the open group); lock not held. */
 static void submit(terse_comm *c, terse_request *r) {
     pthread_mutex_lock(&c->lock);
+    c->inflight++;
     if (c->group_depth > 0) {
         r->in_group = 1;
         r->next = NULL;
@@ -384,12 +523,14 @@ static void submit(terse_comm *c, terse_request *r) {
 }
 
 static terse_status start(terse_comm *c, const terse_request *tmpl, terse_request **out) {
-    if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "%s_start: request pointer is NULL",
-                                 kind_name(tmpl->kind));
+    if (!out)
+        return refuse(c, TERSE_ERROR(TERSE_ERR_INVALID, "%s_start on rank %d: request pointer is "
+                                                        "NULL", kind_name(tmpl->kind), c->rank));
     *out = NULL;
     terse_request *r = malloc(sizeof *r);
     if (!r)
-        return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for a request", c->rank);
+        return refuse(c, TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for a request",
+                                     c->rank));
     memcpy(r, tmpl, sizeof *r);
     submit(c, r);
     *out = r;
@@ -406,8 +547,10 @@ static terse_status run_blocking(terse_comm *c, terse_request *r) {
                            "%s on rank %d: blocking call inside a group; use the _start form",
                            kind_name(r->kind), c->rank);
     }
-    if (!c->busy && !c->q_head) {
+    c->inflight++;
+    if (!c->busy && !c->q_head && !c->watched) {
         c->busy = 1;
+        c->running = r;
         execute_unlocked(c, r);
     } else {
         enqueue(c, r);
@@ -423,6 +566,7 @@ static terse_request make(terse_comm *c, terse__op_kind kind) {
     memset(&r, 0, sizeof r);
     r.comm = c;
     r.kind = kind;
+    r.pid = c->pid; /* kept in the request: it may outlive the communicator */
     return r;
 }
 
@@ -511,6 +655,7 @@ terse_status terse_group_start(terse_comm *c) {
 
 terse_status terse_group_end(terse_comm *c) {
     if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_group_end: communicator is NULL");
+    if (c->pid != getpid() || atomic_load(&c->aborted)) return admit(c, "terse_group_end", 0);
     pthread_mutex_lock(&c->lock);
     if (c->group_depth == 0) {
         pthread_mutex_unlock(&c->lock);
@@ -521,8 +666,13 @@ terse_status terse_group_end(terse_comm *c) {
     if (--c->group_depth == 0 && c->group_head) {
         terse_request *g = calloc(1, sizeof *g);
         if (!g) {
-            c->group_depth++;
+            /* Its members can never run here: fail them, refuse later starts. */
             s = TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory to end a group", c->rank);
+            drop_open_group(c);
+            if (!c->refusing && !c->failed) {
+                c->refusing = 1;
+                snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+            }
         } else {
             g->comm = c;
             g->kind = TERSE__OP_GROUP;
@@ -536,9 +686,20 @@ terse_status terse_group_end(terse_comm *c) {
     return s;
 }
 
+/* A request of a communicator created by another process (a fork). */
+static int foreign(const terse_request *r) { return r->pid != getpid(); }
+
+static terse_status foreign_error(const char *what) {
+    return TERSE_ERROR(TERSE_ERR_INVALID,
+                       "%s: the request belongs to a communicator of the parent process "
+                       "(this process was forked after terse_comm_init)",
+                       what);
+}
+
 terse_status terse_request_test(terse_request *r, int *done) {
     if (!r || !done) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_request_test: NULL argument");
     *done = 0;
+    if (foreign(r)) return foreign_error("terse_request_test");
     if (!is_done(r)) {
         terse_comm *c = r->comm;
         pthread_mutex_lock(&c->lock);
@@ -558,6 +719,7 @@ terse_status terse_request_test(terse_request *r, int *done) {
 
 terse_status terse_request_wait(terse_request *r) {
     if (!r) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_request_wait: request is NULL");
+    if (foreign(r)) return foreign_error("terse_request_wait");
     if (!is_done(r)) {
         terse_comm *c = r->comm;
         pthread_mutex_lock(&c->lock);
@@ -575,6 +737,7 @@ terse_status terse_request_wait(terse_request *r) {
 
 void terse_request_free(terse_request *r) {
     if (!r) return;
+    if (foreign(r)) return; /* the parent's: not ours to free or wait for */
     if (!is_done(r)) {
         terse_comm *c = r->comm;
         pthread_mutex_lock(&c->lock);

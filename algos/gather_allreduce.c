@@ -59,6 +59,7 @@ terse_status terse__allreduce_gather(terse_comm *c, float *buf, size_t n, terse_
     const float alpha = op == TERSE_OP_AVG ? 1.0f / (float)N : 1.0f;
     t0 = terse__now_ns();
     for (size_t r = 0; r < N; r++) {
+        TERSE_CHECK(terse__comm_poll_abort(c, "decoding the gathered messages"));
         terse_status s = terse_decode(codec, msgs + off[r], len[r], buf, alpha, r > 0);
         if (s != TERSE_OK) {
             char why[400];

@@ -27,7 +27,7 @@ static void usage(FILE *f) {
 "usage: terse-bench allreduce [-c SPEC]... [-b BYTES] [-e BYTES] [-f N]\n"
 "                             [-n N] [--provider P] [-r N] [-w N] [-t SEC]\n"
 "                             [--shape RxC] [--op sum|avg] [--vs-mpi]\n"
-"                             [--mpi-arg ARG]... [--csv] [-q]\n"
+"                             [--mpi-arg ARG]... [--overlap MS] [--csv] [-q]\n"
 "\n"
 "Time terse_allreduce on fp32 buffers of a sweep of sizes, as nccl-tests'\n"
 "all_reduce_perf does: dense, or compressed by a codec. Started by hand, it\n"
@@ -64,6 +64,13 @@ static void usage(FILE *f) {
 "                       vader,self; always pml ob1, loopback only\n"
 "      --mpi-arg ARG    one more argument for mpirun (repeat), e.g.\n"
 "                       --mpi-arg --bind-to --mpi-arg none\n"
+"      --overlap MS     also measure how much of each allreduce hides behind\n"
+"                       computation: a fixed loop of cblas_sgemm calls (%dx%d,\n"
+"                       one OpenBLAS thread), calibrated once at start to take\n"
+"                       about MS milliseconds; each row then times the loop\n"
+"                       alone, terse_allreduce_start + terse_request_wait\n"
+"                       alone, and start, the loop, wait (see overlap below);\n"
+"                       MS is 1..600000\n"
 "      --worker         be one rank even without the variables above (under\n"
 "                       torchrun or srun, say)\n"
 "      --csv            CSV with a header row instead of the table\n"
@@ -78,6 +85,21 @@ static void usage(FILE *f) {
 "Byte counts come from terse_comm_get_stats over the timed iterations. Each\n"
 "(codec, size) gets fresh codecs, one per rank, with stream rank = rank, so\n"
 "error feedback accumulates across the row's iterations as in training.\n"
+"\n"
+"overlap (--overlap MS): each rank calibrates the sgemm loop (a call count)\n"
+"once, before the first row, with every rank computing at once; rank 0's\n"
+"count is used by all, and only the count: the measured loops never look at\n"
+"the clock. After a row's blocking iterations come as many overlap\n"
+"iterations, each three phases with a barrier before each: the loop alone;\n"
+"terse_allreduce_start then terse_request_wait (buffer restored first);\n"
+"start, the loop, then wait. Each phase's figure is the median over\n"
+"iterations of the slowest rank's time, as for time. The progress thread\n"
+"(TERSE_PROGRESS=thread, the default) runs the allreduce during the loop;\n"
+"with TERSE_PROGRESS=caller it runs only inside wait, so nothing overlaps.\n"
+"The loop shares the cores with the progress threads and, on tcp over\n"
+"loopback, with the kernel's copies: N ranks on N cores cannot hide the\n"
+"allreduce fully there. OpenBLAS is set to one thread in each rank, which\n"
+"also applies to powersgd's products.\n"
 "\n"
 "columns (CSV names in brackets):\n"
 "  size [bytes]           the fp32 buffer: 4 * count bytes\n"
@@ -104,15 +126,22 @@ static void usage(FILE *f) {
 "                         Open MPI's dense MPI_Allreduce on the same size\n"
 "  xMPI [vs_mpi]          eff.algbw / MPI's algbw = MPI time / terse time.\n"
 "                         For dense rows this is also the busbw ratio\n"
+"  with --overlap [sgemm_calls: the loop's calls, the same on every rank]:\n"
+"  comp(ms) [compute_ms]  the sgemm loop alone\n"
+"  ar(ms) [allreduce_ms]  terse_allreduce_start + terse_request_wait alone\n"
+"  ovl(ms) [overlapped_ms]  start, the loop, wait\n"
+"  /max [overlap_vs_max]  ovl / max(comp, ar): 1 is perfect overlap\n"
+"  /sum [overlap_vs_sum]  ovl / (comp + ar): 1 is no overlap at all\n"
 "\n"
 "environment: TERSE_RUN, TERSE_BENCH_MPI and MPIRUN name the programs to use\n"
 "(default: beside this binary, then PATH). TERSE_TIMEOUT_MS reaches the\n"
 "ranks through terse-run. OPENBLAS_NUM_THREADS, if unset, is set to cores / N\n"
 "(at least 1) for the ranks, so N ranks do not oversubscribe the cores.\n"
+"TERSE_PROGRESS (thread or caller) reaches the ranks too.\n"
 "\n"
 "exit status: 0 ok, 1 runtime failure (a rank or the MPI run failed), 2 usage\n"
 "error.\n",
-            DEFAULT_ITERS, DEFAULT_WARMUP, DEFAULT_BUDGET);
+            DEFAULT_ITERS, DEFAULT_WARMUP, DEFAULT_BUDGET, AR_COMPUTE_DIM, AR_COMPUTE_DIM);
 }
 
 /* ---------------------------------------------------------------- options */
@@ -175,7 +204,7 @@ static const struct {
     {'c', "--codec"},  {'b', "--minbytes"}, {'e', "--maxbytes"}, {'f', "--stepfactor"},
     {'n', "--nranks"}, {'r', "--iters"},    {'w', "--warmup"},   {'t', "--budget"},
     {'P', "--provider"}, {'S', "--shape"},  {'O', "--op"},       {'M', "--mpi-arg"},
-    {'R', "--results"},
+    {'R', "--results"}, {'V', "--overlap"},
 };
 #define N_VALUED (sizeof valued / sizeof valued[0])
 
@@ -265,6 +294,10 @@ static int apply_valued(ar_options *o, char opt, const char *a, const char *val,
         return 0;
     case 'R':
         o->results = val;
+        return 0;
+    case 'V':
+        if (parse_int(val, 1, 600000, &o->overlap_ms) != 0)
+            return usage_error("bad --overlap '%s' (want milliseconds, 1..600000)", val);
         return 0;
     default:
         return usage_error("unknown option '%s'", a);

@@ -37,6 +37,7 @@ typedef struct {
     int csv, quiet, vs_mpi;
     const char *mpi_args[AR_MAX_MPI_ARGS]; /* --mpi-arg, appended to mpirun's */
     size_t n_mpi_args;
+    int overlap_ms;      /* --overlap MS, or 0 */
     int worker;          /* --worker: started by the launcher through terse-run */
     const char *results; /* --results FILE: where rank 0 writes records */
 } ar_options;
@@ -56,6 +57,11 @@ typedef struct {
     double wire_sent;      /* bytes on the wire per rank per op (max over ranks) */
     double payload_sent;   /* the payload part of it */
     double codec_s, net_s; /* per op (max over ranks): codec arithmetic, waiting */
+    /* --overlap (all 0 without it): medians over the timed iterations of the
+     * slowest rank's seconds for the sgemm loop alone, start + wait alone,
+     * and start + the loop + wait; the loop's sgemm call count. */
+    long compute_calls;
+    double compute_s, alone_s, overlap_s;
     char error[512];
 } ar_row;
 
@@ -80,6 +86,27 @@ int ar_launch(int argc, char **argv, const ar_options *o);
 
 /* Join the job from the environment and measure every (spec, size). */
 int ar_worker_main(const ar_options *o);
+
+/* ---- the computation of --overlap (allreduce_overlap.c) */
+
+/* sgemm on AR_COMPUTE_DIM-square fp32 matrices: small enough to stay in a
+ * core's caches, large enough that a call is a fraction of a millisecond. */
+#define AR_COMPUTE_DIM 256
+
+typedef struct {
+    int dim;
+    float *a, *b, *c;
+    long calls;    /* sgemm calls per ar_compute_run, fixed at calibration */
+    double call_s; /* seconds per call as calibrated */
+} ar_compute;
+
+/* Allocate the matrices, set OpenBLAS to one thread, and calibrate calls so
+ * that ar_compute_run takes about ms milliseconds on this core now. 0, or
+ * -1 when out of memory. */
+int ar_compute_init(ar_compute *k, int ms);
+/* Exactly k->calls sgemm calls: the same work every time. */
+void ar_compute_run(const ar_compute *k);
+void ar_compute_free(ar_compute *k);
 
 /* ---- records and output (allreduce_report.c) */
 

@@ -30,6 +30,18 @@ double ar_busbw(const ar_row *r) {
     return 1e-9 * r->wire_sent / r->time_s;
 }
 
+/* --overlap's two ratios: against perfect overlap (the longer of the two
+ * alone) and against none (both, one after the other). */
+static double overlap_vs_max(const ar_row *r) {
+    double m = r->compute_s > r->alone_s ? r->compute_s : r->alone_s;
+    return m > 0 ? r->overlap_s / m : 0.0;
+}
+
+static double overlap_vs_sum(const ar_row *r) {
+    double m = r->compute_s + r->alone_s;
+    return m > 0 ? r->overlap_s / m : 0.0;
+}
+
 double ar_algbw(const ar_row *r) {
     if (is_dense(r)) return ar_effective_algbw(r);
     double f = bus_factor(r->nranks);
@@ -43,17 +55,20 @@ void ar_record_write(FILE *f, const ar_row *r) {
     bench_field_copy(spec, sizeof spec, r->spec);
     bench_field_copy(provider, sizeof provider, r->provider);
     bench_field_copy(error, sizeof error, r->error);
-    /* %.17g: every double reads back bit for bit. */
+    /* %.17g: every double reads back bit for bit. The --overlap fields come
+     * last, after the error text, so a reader of the first 16 still works. */
     fprintf(f,
-            "%s\t%s\t%s\t%d\t%zu\t%zu\t%zu\t%d\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%d\t%s\n",
+            "%s\t%s\t%s\t%d\t%zu\t%zu\t%zu\t%d\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%d\t%s"
+            "\t%ld\t%.17g\t%.17g\t%.17g\n",
             r->is_mpi ? "mpi" : "terse", spec, provider, r->nranks, r->rows, r->cols, r->bytes,
             r->iters, r->time_s, r->mean_s, r->wire_sent, r->payload_sent, r->codec_s, r->net_s,
-            r->ok, error);
+            r->ok, error, r->compute_calls, r->compute_s, r->alone_s, r->overlap_s);
 }
 
 static int parse_record(char *line, ar_row *r) {
-    char *f[16];
-    if (bench_split_tabs(line, f, 16) != 16) return -1;
+    char *f[20];
+    int nf = bench_split_tabs(line, f, 20);
+    if (nf != 16 && nf != 20) return -1;
     memset(r, 0, sizeof *r);
     if (strcmp(f[0], "mpi") == 0)
         r->is_mpi = 1;
@@ -75,6 +90,12 @@ static int parse_record(char *line, ar_row *r) {
     r->net_s = strtod(f[13], &end);
     r->ok = f[14][0] == '1';
     bench_field_copy(r->error, sizeof r->error, f[15]);
+    if (nf == 20) {
+        r->compute_calls = strtol(f[16], &end, 10);
+        r->compute_s = strtod(f[17], &end);
+        r->alone_s = strtod(f[18], &end);
+        r->overlap_s = strtod(f[19], &end);
+    }
     if (r->nranks < 1 || r->bytes == 0 || (r->ok && !(r->time_s > 0 && r->mean_s > 0)))
         return -1;
     return 0;
@@ -96,8 +117,10 @@ int ar_record_read_all(const char *path, ar_row *rows, int cap) {
 void ar_report_begin(const ar_options *o, const char *provider, int nranks, int have_mpi) {
     if (o->csv) {
         printf("spec,provider,nranks,bytes,count,rows,cols,iters,time_us,algbw_gbps,busbw_gbps,"
-               "wire_bytes,payload_bytes,eff_algbw_gbps,mean_us,codec_us,net_us%s,status,error\n",
-               have_mpi ? ",mpi_iters,mpi_time_us,mpi_algbw_gbps,mpi_busbw_gbps,vs_mpi" : "");
+               "wire_bytes,payload_bytes,eff_algbw_gbps,mean_us,codec_us,net_us%s%s,status,error\n",
+               have_mpi ? ",mpi_iters,mpi_time_us,mpi_algbw_gbps,mpi_busbw_gbps,vs_mpi" : "",
+               o->overlap_ms > 0 ? ",sgemm_calls,compute_ms,allreduce_ms,overlapped_ms,"
+                                   "overlap_vs_max,overlap_vs_sum" : "");
         return;
     }
     printf("# terse-bench allreduce: %d rank%s, provider %s, op %s, fp32\n", nranks,
@@ -108,6 +131,14 @@ void ar_report_begin(const ar_options *o, const char *provider, int nranks, int 
     if (have_mpi)
         printf("# mpi: Open MPI MPI_Allreduce (dense, in place), same sizes and iteration rules;\n"
                "#   xMPI = eff.algbw / MPI algbw = MPI time / terse time\n");
+    if (o->overlap_ms > 0) {
+        const char *progress = getenv("TERSE_PROGRESS");
+        printf("# overlap (--overlap %d, TERSE_PROGRESS=%s): comp = a fixed sgemm loop\n"
+               "#   alone, ar = allreduce_start + wait alone, ovl = start, the loop, wait;\n"
+               "#   ms, medians of the slowest rank; /max = ovl / max(comp, ar) (1 = perfect\n"
+               "#   overlap), /sum = ovl / (comp + ar) (1 = none)\n",
+               o->overlap_ms, progress && progress[0] ? progress : "thread (default)");
+    }
 }
 
 void ar_report_spec(const ar_options *o, const char *spec) {
@@ -116,6 +147,8 @@ void ar_report_spec(const ar_options *o, const char *spec) {
     printf("#%12s %10s %11s %5s %11s %7s %7s %11s %9s %6s %5s", "size", "count", "shape",
            "iters", "time(us)", "algbw", "busbw", "wire/rank", "eff.algbw", "codec%", "net%");
     if (o->vs_mpi) printf("  | %11s %7s %6s", "mpi(us)", "mpibus", "xMPI");
+    if (o->overlap_ms > 0)
+        printf("  | %9s %9s %9s %5s %5s", "comp(ms)", "ar(ms)", "ovl(ms)", "/max", "/sum");
     printf("\n");
 }
 
@@ -142,6 +175,13 @@ static void report_csv(const ar_options *o, const ar_row *r, const ar_row *mpi) 
                    ar_busbw(mpi), r->ok ? mpi->time_s / r->time_s : 0.0);
         else
             printf(",,,,,");
+    }
+    if (o->overlap_ms > 0) {
+        if (r->ok && r->compute_calls > 0)
+            printf(",%ld,%.3f,%.3f,%.3f,%.4f,%.4f", r->compute_calls, 1e3 * r->compute_s,
+                   1e3 * r->alone_s, 1e3 * r->overlap_s, overlap_vs_max(r), overlap_vs_sum(r));
+        else
+            printf(",,,,,,");
     }
     printf(",%s,", r->ok ? "ok" : "failed");
     csv_string(r->ok ? "" : r->error);
@@ -171,6 +211,13 @@ void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi) {
                    mpi->time_s / r->time_s);
         else
             printf("  | %11s %7s %6s", "-", "-", "-");
+    }
+    if (o->overlap_ms > 0) {
+        if (r->compute_calls > 0)
+            printf("  | %9.1f %9.1f %9.1f %5.2f %5.2f", 1e3 * r->compute_s, 1e3 * r->alone_s,
+                   1e3 * r->overlap_s, overlap_vs_max(r), overlap_vs_sum(r));
+        else
+            printf("  | %9s %9s %9s %5s %5s", "-", "-", "-", "-", "-");
     }
     printf("\n");
 }

@@ -16,13 +16,22 @@
  * still wins. */
 #define MIN_ITERS 3
 
+/* The timings a rank gathers per row: the blocking allreduce, and with
+ * --overlap the three of overlap_loop. */
+enum { SERIES_BLOCKING, SERIES_COMPUTE, SERIES_ALONE, SERIES_OVERLAP, N_SERIES };
+
 typedef struct {
     const ar_options *o;
     terse_comm *comm;
     int rank, nranks;
     FILE *results; /* rank 0 with --results */
     size_t done, total;
+    ar_compute compute; /* --overlap's sgemm loop, calibrated once */
 } worker;
+
+static size_t n_series(const worker *w) {
+    return w->o->overlap_ms > 0 ? N_SERIES : 1;
+}
 
 /* Every rank says whether it is ready for the next row (codec created,
  * memory had); the row runs only if all are. One tiny dense allreduce, so
@@ -42,12 +51,15 @@ static void row_error(const worker *w, ar_row *r, const char *what) {
 
 /* Decide the timed iteration count from the last warm-up: enough to fill
  * the budget, at least MIN_ITERS, at most -r. Rank 0 decides and broadcasts
- * so all ranks run the same number of collectives. */
+ * so all ranks run the same number of collectives. With --overlap an
+ * iteration is also two computations and two more allreduces. */
 static terse_status agree_iters(worker *w, double warm_s, int *iters) {
     const ar_options *o = w->o;
     int n = o->iters;
+    double per = warm_s;
+    if (o->overlap_ms > 0) per = 3 * warm_s + 2e-3 * o->overlap_ms;
     if (o->warmup > 0 && warm_s > 0) {
-        double fit = ceil(o->budget / warm_s);
+        double fit = ceil(o->budget / per);
         if (fit < (double)n) n = (int)fit;
         if (n < MIN_ITERS) n = MIN_ITERS < o->iters ? MIN_ITERS : o->iters;
     }
@@ -88,27 +100,72 @@ static terse_status timed_loop(worker *w, float *buf, const float *x0, size_t n,
     return TERSE_OK;
 }
 
-/* Gather every rank's [stats(4), t(iters)] and fold them into r on every
- * rank: per-iteration max over ranks, its median, and each stat's max. */
+/* --overlap, after the blocking loop: per iteration, with the ranks meeting
+ * in a barrier before each timed phase,
+ *   compute   the calibrated sgemm loop alone;
+ *   alone     terse_allreduce_start, then terse_request_wait;
+ *   overlap   terse_allreduce_start, the same sgemm loop, terse_request_wait.
+ * t[SERIES_*] get each phase's seconds per iteration. */
+static terse_status overlap_loop(worker *w, float *buf, const float *x0, size_t n,
+                                 terse_codec *codec, int iters, double *const *t) {
+    terse_op op = w->o->op_avg ? TERSE_OP_AVG : TERSE_OP_SUM;
+    for (int i = 0; i < iters; i++) {
+        terse_status s = terse_barrier(w->comm);
+        if (s != TERSE_OK) return s;
+        double t0 = bench_now();
+        ar_compute_run(&w->compute);
+        t[SERIES_COMPUTE][i] = bench_now() - t0;
+        for (int with_compute = 0; with_compute <= 1; with_compute++) {
+            terse_request *req = NULL;
+            memcpy(buf, x0, n * sizeof(float));
+            s = terse_barrier(w->comm);
+            if (s != TERSE_OK) return s;
+            t0 = bench_now();
+            s = terse_allreduce_start(w->comm, buf, n, codec, op, &req);
+            if (s != TERSE_OK) return s;
+            if (with_compute) ar_compute_run(&w->compute);
+            s = terse_request_wait(req);
+            t[with_compute ? SERIES_OVERLAP : SERIES_ALONE][i] = bench_now() - t0;
+            terse_request_free(req);
+            if (s != TERSE_OK) return s;
+        }
+    }
+    return TERSE_OK;
+}
+
+/* Gather every rank's [stats(4), series 0 (iters), series 1 ...] and fold
+ * them into r on every rank: per iteration the max over ranks, the median
+ * of that (and for the blocking series its mean), and each stat's max. */
 static terse_status fold_ranks(worker *w, const double *mine, int iters, ar_row *r) {
-    size_t per = 4 + (size_t)iters, bytes = per * sizeof(double);
+    size_t ns = n_series(w), per = 4 + ns * (size_t)iters, bytes = per * sizeof(double);
     double *all = malloc(bytes * (size_t)w->nranks);
     double *slowest = malloc((size_t)iters * sizeof(double));
+    double med[N_SERIES] = {0};
     terse_status s = TERSE_ERR_NOMEM;
     if (all && slowest) s = terse_allgather(w->comm, mine, bytes, all, bytes * (size_t)w->nranks,
                                             NULL);
     if (s == TERSE_OK) {
         double st[4] = {0, 0, 0, 0};
-        for (int i = 0; i < iters; i++) slowest[i] = 0;
-        for (int k = 0; k < w->nranks; k++) {
-            const double *v = all + (size_t)k * per;
-            for (int j = 0; j < 4; j++) st[j] = fmax(st[j], v[j]);
-            for (int i = 0; i < iters; i++) slowest[i] = fmax(slowest[i], v[4 + i]);
+        for (int k = 0; k < w->nranks; k++)
+            for (int j = 0; j < 4; j++) st[j] = fmax(st[j], all[(size_t)k * per + (size_t)j]);
+        for (size_t q = 0; q < ns; q++) {
+            size_t off = 4 + q * (size_t)iters;
+            for (int i = 0; i < iters; i++) slowest[i] = 0;
+            for (int k = 0; k < w->nranks; k++)
+                for (int i = 0; i < iters; i++)
+                    slowest[i] = fmax(slowest[i], all[(size_t)k * per + off + (size_t)i]);
+            if (q == SERIES_BLOCKING) {
+                double sum = 0;
+                for (int i = 0; i < iters; i++) sum += slowest[i];
+                r->mean_s = sum / iters;
+            }
+            med[q] = bench_median(slowest, (size_t)iters);
         }
-        double sum = 0;
-        for (int i = 0; i < iters; i++) sum += slowest[i];
-        r->mean_s = sum / iters;
-        r->time_s = bench_median(slowest, (size_t)iters);
+        r->time_s = med[SERIES_BLOCKING];
+        r->compute_s = med[SERIES_COMPUTE];
+        r->alone_s = med[SERIES_ALONE];
+        r->overlap_s = med[SERIES_OVERLAP];
+        r->compute_calls = ns > 1 ? w->compute.calls : 0;
         r->wire_sent = st[0];
         r->payload_sent = st[1];
         r->codec_s = st[2];
@@ -139,7 +196,7 @@ static int measure(worker *w, const char *spec, size_t bytes, ar_row *r) {
 
     buf = bench_alloc(bytes);
     x0 = bench_alloc(bytes);
-    mine = malloc((4 + (size_t)o->iters) * sizeof(double));
+    mine = malloc((4 + n_series(w) * (size_t)o->iters) * sizeof(double));
     if (!buf || !x0 || !mine) {
         snprintf(r->error, sizeof r->error, "rank %d: out of memory for %zu bytes", w->rank,
                  bytes);
@@ -192,6 +249,15 @@ static int measure(worker *w, const char *spec, size_t bytes, ar_row *r) {
         rc = -1;
         goto done;
     }
+    if (o->overlap_ms > 0) {
+        double *t[N_SERIES];
+        for (size_t q = 0; q < N_SERIES; q++) t[q] = mine + 4 + q * (size_t)iters;
+        if (overlap_loop(w, buf, x0, n, codec, iters, t) != TERSE_OK) {
+            row_error(w, r, "overlapped allreduce");
+            rc = -1;
+            goto done;
+        }
+    }
     if (fold_ranks(w, mine, iters, r) != TERSE_OK) {
         row_error(w, r, "gathering the ranks' times");
         rc = -1;
@@ -215,7 +281,13 @@ static void progress(worker *w, const ar_row *r) {
                         "%.0f B/rank\n",
                 w->done, w->total, r->spec, r->bytes, r->iters, 1e6 * r->time_s,
                 ar_effective_algbw(r), r->wire_sent);
-    else
+    if (r->ok && r->compute_calls > 0)
+        fprintf(stderr, "[%zu/%zu]   overlap: compute %.1f ms, start+wait %.1f ms, "
+                        "overlapped %.1f ms: %.2f of the max, %.2f of the sum\n",
+                w->done, w->total, 1e3 * r->compute_s, 1e3 * r->alone_s, 1e3 * r->overlap_s,
+                r->overlap_s / fmax(r->compute_s, r->alone_s),
+                r->overlap_s / (r->compute_s + r->alone_s));
+    if (!r->ok)
         fprintf(stderr, "[%zu/%zu] %s %zu bytes: failed: %s\n", w->done, w->total, r->spec,
                 r->bytes, r->error);
 }
@@ -234,8 +306,31 @@ static void emit(worker *w, const ar_row *r, int first_of_spec) {
     fflush(stdout);
 }
 
+/* --overlap: every rank calibrates its sgemm loop at once (as the rows will
+ * run it: one per core), then takes rank 0's call count, so every rank does
+ * the same work. Returns 0, or -1 (the communicator may be unusable). */
+static int calibrate_compute(worker *w) {
+    int ok = ar_compute_init(&w->compute, w->o->overlap_ms) == 0;
+    if (!ok) fprintf(stderr, "terse-bench allreduce: rank %d: out of memory for the sgemm "
+                             "loop\n", w->rank);
+    if (all_ready(w, ok) != 1) return -1;
+    int64_t calls = w->compute.calls;
+    if (terse_broadcast(w->comm, &calls, sizeof calls, 0) != TERSE_OK) {
+        fprintf(stderr, "terse-bench allreduce: rank %d: agreeing on the sgemm loop: %s\n",
+                w->rank, terse_last_error());
+        return -1;
+    }
+    w->compute.calls = (long)calls;
+    if (w->rank == 0 && !w->o->quiet)
+        fprintf(stderr, "terse-bench allreduce: overlap: %ld sgemm calls (%dx%d, %.3f ms "
+                        "each) for about %d ms of computation\n",
+                w->compute.calls, w->compute.dim, w->compute.dim, 1e3 * w->compute.call_s,
+                w->o->overlap_ms);
+    return 0;
+}
+
 int ar_worker_main(const ar_options *o) {
-    worker w = {o, NULL, 0, 0, NULL, 0, o->n_specs * o->n_sizes};
+    worker w = {o, NULL, 0, 0, NULL, 0, o->n_specs * o->n_sizes, {0}};
     terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
     if (terse_comm_init(&cfg, &w.comm) != TERSE_OK) {
         fprintf(stderr, "terse-bench allreduce: cannot join the job: %s\n", terse_last_error());
@@ -258,6 +353,11 @@ int ar_worker_main(const ar_options *o) {
         ar_report_begin(o, terse_comm_provider(w.comm), w.nranks, 0);
     }
 
+    if (o->overlap_ms > 0 && calibrate_compute(&w) != 0) {
+        failed = 1;
+        goto out;
+    }
+
     /* Spec-major, as the table is printed: one block per codec. */
     for (size_t c = 0; c < o->n_specs; c++) {
         for (size_t s = 0; s < o->n_sizes; s++) {
@@ -271,6 +371,7 @@ int ar_worker_main(const ar_options *o) {
     }
 out:
     if (w.results && fclose(w.results) != 0) failed = 1;
+    ar_compute_free(&w.compute);
     terse_comm_free(w.comm);
     return failed ? BENCH_EXIT_RUNTIME : BENCH_EXIT_OK;
 }

@@ -1,5 +1,6 @@
 #include "common/cpu.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,9 @@ static unsigned detect(void) {
             f &= TERSE_CPU_SSE42;
         else if (strcmp(cap, "avx2") == 0)
             f &= ~(unsigned)TERSE_CPU_AVX512;
+        else /* codecs cannot fail over this; terse_comm_init refuses it */
+            fprintf(stderr, "terse: TERSE_SIMD='%.40s' is neither 'scalar' nor 'avx2'; "
+                            "ignored\n", cap);
     }
     return f;
 }

@@ -10,7 +10,11 @@
  * ./terse.sh test in a clang -fsanitize=thread build; TSan's report (and
  * its exit code 66) or a wrong result fails it.
  *
- *   tsan_engine [PROVIDER [NRANKS]]     defaults: tcp 2 */
+ *   tsan_engine [PROVIDER [NRANKS [abort|free]]]     defaults: tcp 2 abort
+ *
+ * The last step either aborts from a second thread, or frees the
+ * communicator while a second thread waits on a request in flight.
+ * TERSE_PROGRESS=caller runs the same in caller mode. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -77,7 +81,7 @@ static void fill(float *x, size_t n, int rank, int k) {
     for (size_t i = 0; i < n; i++) x[i] = (float)((i * 7 + (size_t)k * 13 + (size_t)rank) % 97);
 }
 
-static int body(terse_comm *c, int rank, int nranks) {
+static int body(terse_comm *c, int rank, int nranks, int free_mode) {
     static float buf[NREQ][N];
     terse_request *q[NREQ];
     stats_reader sr = {c, 0, 0};
@@ -128,21 +132,35 @@ static int body(terse_comm *c, int rank, int nranks) {
         terse_request_free(q[k]);
     }
 
-    /* 3. abort from a second thread while a big allreduce runs */
+    sr.stop = 1;
+    pthread_join(st, NULL);
+
+    /* 3. abort from a second thread while a big allreduce runs, or free
+     *    the communicator while another thread waits on a request */
     const size_t big = (size_t)32 << 20;
     float *x = calloc(big, sizeof(float));
     terse_request *b;
     CHECK(terse_allreduce_start(c, x, big, NULL, TERSE_OP_SUM, &b) == TERSE_OK, "big start");
     pthread_t at;
-    pthread_create(&at, NULL, abort_soon, c);
-    terse_status s = terse_request_wait(b);
-    pthread_join(at, NULL);
-    CHECK(s == TERSE_ERR_ABORTED || s == TERSE_OK || s == TERSE_ERR_PEER_LOST,
-          "big allreduce under abort returned %s", terse_status_name(s));
+    waiter bw = {b, TERSE_OK};
+    if (free_mode) {
+        pthread_create(&at, NULL, wait_one, &bw);
+        usleep(50 * 1000);
+        terse_comm_free(c); /* aborts b; the waiter returns */
+        pthread_join(at, NULL);
+        CHECK(bw.status == TERSE_ERR_ABORTED || bw.status == TERSE_OK ||
+                  bw.status == TERSE_ERR_PEER_LOST,
+              "a wait across terse_comm_free returned %s", terse_status_name(bw.status));
+    } else {
+        pthread_create(&at, NULL, abort_soon, c);
+        terse_status s = terse_request_wait(b);
+        pthread_join(at, NULL);
+        CHECK(s == TERSE_ERR_ABORTED || s == TERSE_OK || s == TERSE_ERR_PEER_LOST,
+              "big allreduce under abort returned %s", terse_status_name(s));
+        terse_comm_free(c);
+    }
     terse_request_free(b);
     free(x);
-    sr.stop = 1;
-    pthread_join(st, NULL);
     return fails;
 }
 
@@ -162,13 +180,14 @@ static int free_port(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-        printf("usage: tsan_engine [PROVIDER [NRANKS]]  (defaults: tcp 2)\n"
+        printf("usage: tsan_engine [PROVIDER [NRANKS [abort|free]]]  (defaults: tcp 2 abort)\n"
                "Runs the engine's thread-safe calls from several threads in real rank\n"
                "processes; build it with clang -fsanitize=thread. Exit 0: clean.\n");
         return 0;
     }
     const char *provider = argc > 1 ? argv[1] : "tcp";
     int nranks = argc > 2 ? atoi(argv[2]) : 2;
+    int free_mode = argc > 3 && strcmp(argv[3], "free") == 0;
     if (nranks < 2 || nranks > 8) {
         fprintf(stderr, "tsan_engine: NRANKS must be 2..8\n");
         return 2;
@@ -190,8 +209,7 @@ int main(int argc, char **argv) {
                 CHECK(0, "terse_comm_init");
                 _exit(1);
             }
-            int rc = body(c, r, nranks);
-            terse_comm_free(c);
+            int rc = body(c, r, nranks, free_mode); /* frees c */
             _exit(rc ? 1 : 0);
         }
     }
@@ -204,6 +222,8 @@ int main(int argc, char **argv) {
             bad = 1;
         }
     }
-    printf("tsan_engine %s x%d: %s\n", provider, nranks, bad ? "FAILED" : "clean");
+    const char *mode = getenv("TERSE_PROGRESS");
+    printf("tsan_engine %s x%d %s (progress %s): %s\n", provider, nranks,
+           free_mode ? "free" : "abort", mode && *mode ? mode : "thread", bad ? "FAILED" : "clean");
     return bad;
 }

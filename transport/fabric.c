@@ -104,7 +104,9 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
                            nranks);
     size_t chunk;
     TERSE_CHECK(terse__env_bytes("TERSE_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, 1, SIZE_MAX, &chunk));
-    const char *force_mr = getenv("TERSE_FABRIC_REGISTER");
+    static const char *const flags[] = {"0", "1", NULL};
+    int force_mr = 0;
+    TERSE_CHECK(terse__env_choice("TERSE_FABRIC_REGISTER", flags, 0, &force_mr));
 
     terse__fabric *f = calloc(1, sizeof *f);
     if (!f) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for the fabric", rank);
@@ -127,7 +129,7 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
                         "rank %d: provider %s returned mr_mode %#llx, which terse cannot honour",
                         rank, f->provider, (unsigned long long)mr_mode);
     }
-    f->register_mr = (mr_mode & FI_MR_LOCAL) || (force_mr && strcmp(force_mr, "1") == 0);
+    f->register_mr = (mr_mode & FI_MR_LOCAL) || force_mr == 1;
     f->mr_endpoint = (mr_mode & FI_MR_ENDPOINT) != 0;
     f->mr_prov_key = (mr_mode & FI_MR_PROV_KEY) != 0;
 

@@ -111,6 +111,19 @@ terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, si
  * follow. Idempotent; NULL is accepted. */
 void terse__fabric_quiesce(terse__fabric *f);
 
+/* The watchdog (any thread). libfabric's shm provider spins, inside
+ * fi_tsend / fi_cq_read, on a lock in a peer's shared region; a peer
+ * SIGKILLed or SIGSTOPped while holding it never releases it, and the
+ * spinning thread cannot be interrupted. terse__fabric_call_age says how
+ * long the provider call in progress has lasted (0: none; *peer is the
+ * peer it concerns, -1 for the completion queue; *what names the call).
+ * terse__fabric_abandon gives up on the fabric: a call that ever returns
+ * fails at once, and the fabric may never be closed or freed (its thread
+ * may still be inside the provider). */
+uint64_t terse__fabric_call_age(terse__fabric *f, int *peer, const char **what);
+void terse__fabric_abandon(terse__fabric *f);
+int terse__fabric_is_abandoned(const terse__fabric *f);
+
 /* Bytes handed to libfabric so far (payload) -- for terse_comm_stats. */
 void terse__fabric_counters(const terse__fabric *f, uint64_t *sent, uint64_t *recv);
 

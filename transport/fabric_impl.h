@@ -110,6 +110,15 @@ struct terse__fabric {
 
     uint64_t bytes_sent, bytes_recv;
     terse_status failed; /* sticky: after an error only close is allowed */
+
+    /* The provider call in progress (a watchdog reads these from another
+     * thread): when it started (0: none), which peer it concerns (-1: the
+     * CQ), and what it is. abandoned: a watchdog gave up on this fabric;
+     * whatever returns from the provider afterwards fails at once. */
+    _Atomic uint64_t call_since;
+    _Atomic int call_peer;
+    const char *_Atomic call_what;
+    _Atomic int abandoned;
 };
 
 /* fabric_info.c: resolve a user provider name ("shm", "tcp", ..., "auto")
@@ -119,6 +128,16 @@ struct terse__fabric {
  * what we cannot do. */
 terse_status terse__fabric_select(const char *provider, int same_host, int rank,
                                   struct fi_info **out);
+
+/* Bracket a provider call for the watchdog (fabric_msg.c). */
+static inline void terse__fabric_enter(terse__fabric *f, int peer, const char *what) {
+    atomic_store_explicit(&f->call_peer, peer, memory_order_relaxed);
+    atomic_store_explicit(&f->call_what, what, memory_order_relaxed);
+    atomic_store_explicit(&f->call_since, terse__now_ns(), memory_order_release);
+}
+static inline void terse__fabric_leave(terse__fabric *f) {
+    atomic_store_explicit(&f->call_since, 0, memory_order_release);
+}
 
 /* fabric_msg.c: drop every request's state (close calls it after the
  * endpoint is gone, so nothing can complete any more). */

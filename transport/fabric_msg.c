@@ -57,6 +57,14 @@ static terse_status fail(terse__fabric *f, terse_status st) {
     return st;
 }
 
+/* A watchdog gave up on this fabric while we were inside the provider. */
+static terse_status abandoned(terse__fabric *f) {
+    return fail(f, TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                               "rank %d: the transport was abandoned while inside %s (a peer "
+                               "stopped or died holding its lock)",
+                               f->rank, f->provider));
+}
+
 static size_t chunk_len(const terse__fabric_op *op, size_t i) {
     size_t off = i * op->chunk_bytes, len = op->req->len;
     if (off >= len) return 0;
@@ -168,9 +176,12 @@ static terse_status post_chunks(terse__fabric *f, terse__fabric_op *op, int *ful
         uint64_t tag = r->tag | ((uint64_t)i << TERSE__TAG_BITS);
         s->op = op;
         s->chunk = i;
+        terse__fabric_enter(f, r->peer, r->is_send ? "fi_tsend" : "fi_trecv");
         ssize_t ret = r->is_send
                           ? fi_tsend(f->ep, p, n, op->desc, f->addrs[r->peer], tag, &s->ctx)
                           : fi_trecv(f->ep, p, n, op->desc, f->addrs[r->peer], tag, 0, &s->ctx);
+        terse__fabric_leave(f);
+        if (atomic_load(&f->abandoned)) return abandoned(f);
         if (ret == -FI_EAGAIN) {
             *full = 1;
             return TERSE_OK;
@@ -202,7 +213,13 @@ static int try_inject(terse__fabric *f, terse__fabric_req *r, terse_status *st) 
     *st = TERSE_OK;
     if (!r->is_send || r->chunks != 1 || f->inject_bytes == 0 || r->len > f->inject_bytes)
         return 0; /* an inject size of 0 means the provider cannot inject at all */
+    terse__fabric_enter(f, r->peer, "fi_tinject");
     ssize_t ret = fi_tinject(f->ep, r->len ? r->buf : &none, r->len, f->addrs[r->peer], r->tag);
+    terse__fabric_leave(f);
+    if (atomic_load(&f->abandoned)) {
+        *st = abandoned(f);
+        return 1;
+    }
     if (ret == -FI_EAGAIN) return 0;
     if (ret != 0) {
         *st = post_error(f, r, 0, (int)ret);
@@ -362,7 +379,10 @@ static terse_status complete_error(terse__fabric *f) {
 static terse_status progress(terse__fabric *f, size_t *events) {
     struct fi_cq_tagged_entry ent[CQ_BATCH];
     for (int round = 0; round < CQ_ROUNDS; round++) {
+        terse__fabric_enter(f, -1, "fi_cq_read");
         ssize_t n = fi_cq_read(f->cq, ent, CQ_BATCH);
+        terse__fabric_leave(f);
+        if (atomic_load(&f->abandoned)) return abandoned(f);
         if (n == -FI_EAGAIN) return TERSE_OK;
         if (n == -FI_EAVAIL) return complete_error(f);
         if (n < 0)
@@ -457,11 +477,14 @@ terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_
     return terse__fabric_wait_ex(f, reqs, n, &o);
 }
 
-/* Receives still posted into caller memory. */
-static size_t posted_receives(const terse__fabric *f) {
+/* Operations still posted that reference caller memory: receives (the
+ * provider writes into them) and, on shm, sends too (a live peer pulls a
+ * send's bytes out of our memory with process_vm_readv in its own
+ * progress, so a late pull would read whatever the caller put there). */
+static size_t posted_holding(const terse__fabric *f, int sends_too) {
     size_t n = 0;
     for (const terse__fabric_op *op = f->active_head; op; op = op->next)
-        if (!op->req->is_send) n += op->inflight;
+        if (!op->req->is_send || sends_too) n += op->inflight;
     return n;
 }
 
@@ -474,21 +497,31 @@ static void returned(terse__fabric *f, terse__fabric_slot *s) {
     slot_put(f, s, op->req->is_send);
 }
 
-/* Cancel what is posted and collect what comes back, for at most 20 ms.
- * Once no receive is left posted, nothing can write into caller memory:
- * progress is manual, and the fabric refuses all but close from now on.
- * Receives the provider would not give back within the bound are made
- * harmless by closing the endpoint, which discards them. Sends only read
- * caller memory, and after a failure nothing progresses them again. */
+/* Cancel what is posted and collect what comes back, for a bounded time;
+ * then close the endpoint, which discards whatever the provider would not
+ * give back. On tcp only receives must come back (sends move only inside
+ * our own progress calls, and there are none after this); on shm sends
+ * too (see posted_holding), given up to 50 ms -- a live peer completes
+ * them within microseconds, a dead one never reads them. Every call is
+ * watched: shm may spin here too. */
 void terse__fabric_quiesce(terse__fabric *f) {
-    if (!f || !f->ep) return;
+    if (!f || !f->ep || atomic_load(&f->abandoned)) return;
     if (f->failed == TERSE_OK) f->failed = TERSE_ERR_ABORTED;
+    const int sends_too = strcmp(f->provider, "shm") == 0;
     for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
-        if (f->slots[i].op) (void)fi_cancel(&f->ep->fid, &f->slots[i].ctx);
-    uint64_t until = terse__now_ns() + 20000000ull;
-    while (posted_receives(f) && terse__now_ns() < until) {
+        if (f->slots[i].op) {
+            terse__fabric_enter(f, f->slots[i].op->req->peer, "fi_cancel");
+            (void)fi_cancel(&f->ep->fid, &f->slots[i].ctx);
+            terse__fabric_leave(f);
+            if (atomic_load(&f->abandoned)) return;
+        }
+    uint64_t until = terse__now_ns() + (sends_too ? 50000000ull : 20000000ull);
+    while (posted_holding(f, sends_too) && terse__now_ns() < until) {
         struct fi_cq_tagged_entry ent[CQ_BATCH];
+        terse__fabric_enter(f, -1, "fi_cq_read");
         ssize_t got = fi_cq_read(f->cq, ent, CQ_BATCH);
+        terse__fabric_leave(f);
+        if (atomic_load(&f->abandoned)) return;
         for (ssize_t k = 0; k < got; k++) returned(f, ent[k].op_context);
         if (got == -FI_EAVAIL) {
             struct fi_cq_err_entry e;
@@ -498,9 +531,29 @@ void terse__fabric_quiesce(terse__fabric *f) {
             sched_yield();
         }
     }
-    if (posted_receives(f) == 0) return;
+    terse__fabric_enter(f, -1, "fi_close");
     int ret = fi_close(&f->ep->fid);
+    terse__fabric_leave(f);
+    if (atomic_load(&f->abandoned)) return;
     terse__fabric_release_ops(f);
-    if (ret == -FI_EBUSY) fi_close(&f->ep->fid);
-    f->ep = NULL;
+    if (ret == -FI_EBUSY) ret = fi_close(&f->ep->fid);
+    if (ret == 0) f->ep = NULL; /* else terse__fabric_close tries once more */
+}
+
+uint64_t terse__fabric_call_age(terse__fabric *f, int *peer, const char **what) {
+    if (!f) return 0;
+    uint64_t since = atomic_load_explicit(&f->call_since, memory_order_acquire);
+    if (!since) return 0;
+    if (peer) *peer = atomic_load_explicit(&f->call_peer, memory_order_relaxed);
+    if (what) *what = atomic_load_explicit(&f->call_what, memory_order_relaxed);
+    uint64_t now = terse__now_ns();
+    return now > since ? now - since : 0;
+}
+
+void terse__fabric_abandon(terse__fabric *f) {
+    if (f) atomic_store(&f->abandoned, 1);
+}
+
+int terse__fabric_is_abandoned(const terse__fabric *f) {
+    return f && atomic_load(&f->abandoned);
 }
