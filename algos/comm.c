@@ -27,6 +27,9 @@
 #include "common/error.h"
 #include "transport/launch_env.h"
 
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+
 #define HOST_BYTES 256
 #define NAME_BYTES 256
 
@@ -65,10 +68,30 @@ static int left_ms(const terse_comm *c, uint64_t deadline_ns) {
     return ms > (uint64_t)INT32_MAX ? INT32_MAX : (int)ms;
 }
 
-/* Step 3: 1 if every rank's host name equals ours. */
+/* What makes two processes "on the same host" for shared memory: the
+ * kernel's boot id (two machines, or containers on two machines, may share
+ * a host name, never a boot id), the network namespace, and the host name
+ * for the messages. */
+static void host_identity(char out[HOST_BYTES]) {
+    char boot[64] = "?", ns[64] = "?", name[128] = "?";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) strcpy(boot, "?");
+        boot[strcspn(boot, "\n")] = 0;
+        fclose(f);
+    }
+    ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+    ns[n > 0 ? n : 0] = 0;
+    if (gethostname(name, sizeof name - 1) != 0) strcpy(name, "?");
+    name[sizeof name - 1] = 0;
+    memset(out, 0, HOST_BYTES);
+    snprintf(out, HOST_BYTES, "%s|%s|%s", boot, ns, name);
+}
+
+/* Step 3: 1 if every rank's host identity equals ours. */
 static terse_status same_host_check(terse_comm *c, int timeout_ms, int *same) {
-    char mine[HOST_BYTES] = {0};
-    if (gethostname(mine, sizeof mine - 1) != 0) strcpy(mine, "?");
+    char mine[HOST_BYTES];
+    host_identity(mine);
     char *all = malloc((size_t)c->nranks * HOST_BYTES);
     if (!all) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating host names", c->rank);
     terse_status s = terse__store_allgather(c->store, mine, HOST_BYTES, all, timeout_ms);
@@ -112,6 +135,25 @@ static terse_status exchange_names(terse_comm *c, uint64_t deadline) {
 out:
     free(all);
     free(names);
+    return s;
+}
+
+/* TERSE_WIRE: auto is mac except on shm, whose regions only processes of
+ * this user can map (SECURITY.md). With mac every rank publishes a fresh
+ * random nonce through the store, and the fabric derives a key for every
+ * ordered pair from the token and the two nonces (fabric_mac.c). */
+static terse_status setup_wire(terse_comm *c, const char *token, uint64_t deadline) {
+    int mac = c->params.wire == 2 || (c->params.wire == 0 && strcmp(c->provider, "shm") != 0);
+    c->wire_mac = mac;
+    if (!mac) return TERSE_OK;
+    uint8_t mine[TERSE__WIRE_NONCE];
+    if (RAND_bytes(mine, sizeof mine) != 1)
+        return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: the OpenSSL CSPRNG failed", c->rank);
+    uint8_t *all = malloc((size_t)c->nranks * sizeof mine);
+    if (!all) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating wire nonces", c->rank);
+    terse_status s = terse__store_allgather(c->store, mine, sizeof mine, all, left_ms(c, deadline));
+    if (s == TERSE_OK) s = terse__fabric_set_keys(c->fabric, token, all);
+    free(all);
     return s;
 }
 
@@ -168,6 +210,7 @@ terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out) 
     snprintf(c->provider, sizeof c->provider, "%s", terse__fabric_provider(c->fabric));
     if (c->nranks > 1) {
         TERSE_CHECK_GOTO(exchange_names(c, deadline), s, fail);
+        TERSE_CHECK_GOTO(setup_wire(c, L.token, deadline), s, fail);
     } else {
         uint8_t name[NAME_BYTES];
         size_t len = sizeof name;
@@ -175,9 +218,11 @@ terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out) 
         TERSE_CHECK_GOTO(terse__fabric_set_peers(c->fabric, name, len), s, fail);
     }
     TERSE_CHECK_GOTO(terse__engine_init(c), s, fail);
+    OPENSSL_cleanse(L.token, sizeof L.token);
     *out = c;
     return TERSE_OK;
 fail:
+    OPENSSL_cleanse(L.token, sizeof L.token);
     c->failed = 1;
     terse_comm_free(c);
     return s;
@@ -360,7 +405,11 @@ terse_status terse__comm_end(terse_comm *c, terse_status s, int keep_usable) {
     return s;
 }
 
-void terse__comm_next_phase(terse_comm *c) { c->seq++; }
+void terse__comm_next_phase(terse_comm *c) {
+    c->seq++;
+    /* The tag holds the low 20 bits; the MACs bind the rest. */
+    terse__fabric_set_epoch(c->fabric, (uint32_t)(c->seq >> TERSE__TAG_SEQ_BITS));
+}
 
 uint64_t terse__comm_tag(const terse_comm *c, uint64_t msg) {
     uint64_t seq = c->seq & ((1u << TERSE__TAG_SEQ_BITS) - 1);
@@ -429,6 +478,26 @@ static terse_status explain(terse_comm *c, terse_status s) {
     return s; /* terse_last_error() still holds `here` */
 }
 
+/* A failure after forged chunks arrived: the forgery is the cause to
+ * report (the real peer, displaced, may have failed or gone since). */
+static terse_status forged_cause(terse_comm *c, terse_status s) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", terse__comm_last_sentence());
+    char who[128] = "";
+    for (int r = 0; r < c->nranks; r++) {
+        uint64_t k = terse__fabric_auth_failures(c->fabric, r);
+        size_t l = strlen(who);
+        if (k && l < sizeof who - 32)
+            snprintf(who + l, sizeof who - l, "%s%llu from rank %d", l ? ", " : "",
+                     (unsigned long long)k, r);
+    }
+    return TERSE_ERROR(TERSE_ERR_AUTH,
+                       "rank %d: chunks that failed authentication arrived (%s): another process "
+                       "may have taken that rank's place, or a relay is altering its messages; "
+                       "then: %s (%s)",
+                       c->rank, who, why, terse_status_name(s));
+}
+
 terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) {
     if (n == 0) return TERSE_OK;
     uint64_t t0 = terse__now_ns();
@@ -438,6 +507,14 @@ terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) 
     if ((s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT) && c->store && !c->store_said &&
         !terse__fabric_is_abandoned(c->fabric))
         s = explain(c, s);
+    uint64_t forged = terse__fabric_auth_failures(c->fabric, -1);
+    if (forged != c->stats.auth_failures) {
+        pthread_mutex_lock(&c->stats_lock);
+        c->stats.auth_failures = forged;
+        pthread_mutex_unlock(&c->stats_lock);
+    }
+    if (forged && s != TERSE_OK && s != TERSE_ERR_AUTH && s != TERSE_ERR_ABORTED)
+        s = forged_cause(c, s);
     add_seconds(c, &c->stats.network_seconds, t0);
     return s;
 }

@@ -78,6 +78,7 @@ typedef struct terse__params {
     size_t ring_chunk_bytes; /* TERSE_RING_CHUNK_BYTES, default 512 KiB */
     size_t chunk_bytes;      /* TERSE_CHUNK_BYTES (transport), default 1 MiB */
     int progress_caller;     /* TERSE_PROGRESS=caller (rank-local: not agreed) */
+    size_t wire;             /* TERSE_WIRE: 0 auto, 1 none, 2 mac (agreed) */
 } terse__params;
 
 /* Read them (a malformed value fails with TERSE_ERR_INVALID). */
@@ -91,7 +92,7 @@ struct terse_comm {
     terse__fabric *fabric; /* NULL for a single rank */
     char provider[64];
 
-    uint32_t seq;         /* bumped once per collective phase, on every rank */
+    uint64_t seq;         /* bumped once per collective phase, on every rank */
     uint64_t store_lost_ns; /* when the store first reported a loss (0: never) */
     uint64_t alive_checked_ns; /* when the store was last polled */
     int store_said;         /* the wait failed because the store reported a loss */
@@ -117,6 +118,7 @@ struct terse_comm {
     _Atomic int aborted; /* terse_comm_abort was called */
     _Atomic int abandoned; /* the watchdog gave up on a stuck executor */
     int watched;         /* shm: blocking calls too go to the progress thread */
+    int wire_mac;        /* data messages carry MACs (TERSE_WIRE) */
     terse_request *running; /* what the executor holds */
     int inflight;        /* requests started and not yet done */
     int waiters;         /* threads inside drive() */

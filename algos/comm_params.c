@@ -14,15 +14,16 @@
 #include "common/env.h"
 #include "common/error.h"
 
-#define NPARAMS 3
+#define NPARAMS 4
 
 static const char *const names[NPARAMS] = {"TERSE_RD_MAX_BYTES", "TERSE_RING_CHUNK_BYTES",
-                                           "TERSE_CHUNK_BYTES"};
+                                           "TERSE_CHUNK_BYTES", "TERSE_WIRE"};
 
 static void as_array(const terse__params *p, uint64_t v[NPARAMS]) {
     v[0] = p->rd_max_bytes;
     v[1] = p->ring_chunk_bytes;
     v[2] = p->chunk_bytes;
+    v[3] = p->wire;
 }
 
 terse_status terse__params_read(int rank, terse__params *p) {
@@ -39,6 +40,10 @@ terse_status terse__params_read(int rank, terse__params *p) {
     int simd_cap = 0;
     if (s == TERSE_OK) s = terse__env_choice("TERSE_PROGRESS", modes, 0, &p->progress_caller);
     if (s == TERSE_OK) s = terse__env_choice("TERSE_SIMD", simd, 0, &simd_cap);
+    static const char *const wires[] = {"auto", "none", "mac", NULL};
+    int wire = 0;
+    if (s == TERSE_OK) s = terse__env_choice("TERSE_WIRE", wires, 0, &wire);
+    p->wire = (size_t)wire;
     if (s != TERSE_OK) {
         char why[400];
         snprintf(why, sizeof why, "%s", terse__comm_last_sentence());
@@ -60,6 +65,14 @@ terse_status terse__params_agree(terse_comm *c, int timeout_ms) {
         for (int i = 0; i < NPARAMS; i++) {
             uint64_t theirs = terse__get_u64(all + (size_t)r * sizeof blob + 8 * (size_t)i);
             if (theirs == mine[i]) continue;
+            if (i == 3) {
+                static const char *const w[] = {"auto", "none", "mac"};
+                s = TERSE_ERROR(TERSE_ERR_INVALID,
+                                "TERSE_WIRE is %s on rank %d but %s on rank %d; set it alike on "
+                                "every rank (or unset it everywhere)",
+                                w[mine[i] % 3], c->rank, w[theirs % 3], r);
+                break;
+            }
             s = TERSE_ERROR(TERSE_ERR_INVALID,
                             "%s is %" PRIu64 " on rank %d but %" PRIu64 " on rank %d; ranks "
                             "that disagree would cut messages differently: set it alike on "

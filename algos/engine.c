@@ -50,7 +50,7 @@
 /* Waiters look at the executor this often, and give up on one stuck in a
  * single provider call for this long (or the timeout, if shorter). */
 #define WATCH_PERIOD_NS 20000000L
-#define WATCH_LIMIT_NS 5000000000ull
+#define WATCH_LIMIT_NS 1000000000ull
 
 static const char *kind_name(terse__op_kind k) {
     switch (k) {

@@ -668,9 +668,11 @@ typedef struct terse_comm_stats {
     uint64_t wire_bytes_recv;
     double codec_seconds;        /* encode, decode and reduction arithmetic */
     double network_seconds;      /* waiting for sends and receives */
+    uint64_t auth_failures;      /* chunks dropped: they failed authentication
+                                    (TERSE_WIRE=mac) */
 } terse_comm_stats;
 
-#define TERSE_COMM_STATS_INIT {sizeof(terse_comm_stats), 0, 0, 0, 0, 0, 0.0, 0.0}
+#define TERSE_COMM_STATS_INIT {sizeof(terse_comm_stats), 0, 0, 0, 0, 0, 0.0, 0.0, 0}
 
 TERSE_API terse_status terse_comm_get_stats(const terse_comm *comm, terse_comm_stats *stats);
 TERSE_API void terse_comm_reset_stats(terse_comm *comm);

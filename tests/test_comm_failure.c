@@ -53,22 +53,16 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 /* libfabric 1.17's shm provider takes a spinlock inside the *peer's*
- * shared-memory region on every send (smr_region lock). A peer SIGKILLed
- * while holding it leaves it locked forever, and a survivor's next fi_tsend
- * spins inside libfabric where terse cannot interrupt it. Seen in about 3 of
- * 17 ASan runs under load; never on tcp. A survivor that does return is
- * still held to every check below. */
-#define SHM_KILL_LIMIT                                                        \
-    "libfabric shm spins on a lock held by the SIGKILLed peer (smr_region " \
-    "lock); terse cannot interrupt a call that never returns"
-
+ * shared-memory region on every send (smr_region lock); a peer SIGKILLed
+ * while holding it leaves it locked forever, and a survivor's next call
+ * spins inside libfabric. The engine's watchdog gives up on such a thread
+ * (algos/engine.c), so every survivor must return, shm included:
+ * tests/shm_faults runs the kill and stop trials. */
 static void check_killed_rank(const char *provider) {
     const int N = 3;
-    tr_job job = {provider, N, TIMEOUT_MS, 20, N - 1,
-                  strcmp(provider, "shm") == 0 ? SHM_KILL_LIMIT : NULL};
+    tr_job job = {provider, N, TIMEOUT_MS, 20, N - 1, NULL};
     tr_out *o = tr_run(&job, kill_body, NULL);
     for (int r = 0; r < N - 1; r++) {
-        if (!o[r].finished) continue; /* only with job.known_hang, reported by tr_run */
         terse_status s = (terse_status)o[r].u[0];
         cr_expect(s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT,
                   "%s: survivor %d got %s (%s)", provider, r, terse_status_name(s), o[r].err);

@@ -176,7 +176,7 @@ static init_out *init_job(int nranks, const char *var, const char *const *vals) 
             else unsetenv(var);
             terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
             cfg.rank = r, cfg.nranks = nranks, cfg.addr = addr, cfg.provider = "tcp";
-            cfg.token = "params-test", cfg.timeout_ms = 5000;
+            cfg.token = "params-test-token", cfg.timeout_ms = 5000;
             terse_comm *c = NULL;
             out[r].status = (int)terse_comm_init(&cfg, &c);
             snprintf(out[r].err, sizeof out[r].err, "%s", terse_last_error());

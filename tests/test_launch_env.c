@@ -306,3 +306,17 @@ Test(launch, bad_config_values_are_refused) {
     expect_invalid(&cfg, "config timeout_ms -5", NULL);
     cr_expect_eq(terse__launch_resolve(&cfg, NULL), TERSE_ERR_INVALID);
 }
+
+Test(launch_env, token_shorter_than_16_bytes_is_refused) {
+    const char *keep = getenv("TERSE_ALLOW_SHORT_TOKEN");
+    unsetenv("TERSE_ALLOW_SHORT_TOKEN");
+    terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+    cfg.rank = 0, cfg.nranks = 2, cfg.addr = "127.0.0.1:1", cfg.token = "fifteen-bytes!!";
+    terse__launch L;
+    cr_expect_eq(terse__launch_resolve(&cfg, &L), TERSE_ERR_INVALID);
+    cr_expect(strstr(terse_last_error(), "at least 16"), "%s", terse_last_error());
+    cr_expect(!strstr(terse_last_error(), "fifteen"), "the sentence quotes the token");
+    cfg.token = "sixteen-bytes!!!";
+    cr_expect_eq(terse__launch_resolve(&cfg, &L), TERSE_OK, "%s", terse_last_error());
+    if (keep) setenv("TERSE_ALLOW_SHORT_TOKEN", keep, 1);
+}

@@ -202,7 +202,7 @@ int main(int argc, char **argv) {
             alarm(120); /* never hang CI */
             terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
             cfg.rank = r, cfg.nranks = nranks, cfg.addr = addr, cfg.provider = provider;
-            cfg.token = "tsan-engine", cfg.timeout_ms = 20000;
+            cfg.token = "tsan-engine-token", cfg.timeout_ms = 20000;
             terse_comm *c = NULL;
             int rank = r;
             if (terse_comm_init(&cfg, &c) != TERSE_OK) {

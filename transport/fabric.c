@@ -92,6 +92,24 @@ fail:
     return st;
 }
 
+/* The slots hold each chunk's MAC, sent and received as a second iov
+ * entry: where the provider wants local buffers registered, so are they. */
+static terse_status register_slots(terse__fabric *f) {
+    uint64_t key = f->mr_prov_key ? 0 : f->next_mr_key++;
+    size_t bytes = (f->tx_slots + f->rx_slots) * sizeof *f->slots;
+    int ret = fi_mr_reg(f->domain, f->slots, bytes, FI_SEND | FI_RECV, 0, key, 0, &f->slots_mr,
+                        NULL);
+    if (ret == 0 && f->mr_endpoint) {
+        ret = fi_mr_bind(f->slots_mr, &f->ep->fid, 0);
+        if (ret == 0) ret = fi_mr_enable(f->slots_mr);
+    }
+    if (ret != 0)
+        return TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: registering the MAC slots on %s failed: %s",
+                           f->rank, f->provider, fi_strerror(-ret));
+    f->slots_desc = fi_mr_desc(f->slots_mr);
+    return TERSE_OK;
+}
+
 terse_status terse__fabric_open(const char *provider, int same_host, int rank, int nranks,
                                 terse__fabric **out) {
     terse_status st;
@@ -135,6 +153,7 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
 
     TERSE_CHECK_GOTO(make_slots(f), st, fail);
     TERSE_CHECK_GOTO(open_objects(f), st, fail);
+    if (f->register_mr) TERSE_CHECK_GOTO(register_slots(f), st, fail);
     *out = f;
     return TERSE_OK;
 fail:
@@ -156,6 +175,8 @@ void terse__fabric_close(terse__fabric *f) {
     int ret = f->ep ? fi_close(&f->ep->fid) : 0;
     terse__fabric_release_ops(f);
     if (ret == -FI_EBUSY) fi_close(&f->ep->fid);
+    if (f->slots_mr) fi_close(&f->slots_mr->fid);
+    terse__fabric_free_keys(f);
     close_fid(f->av ? &f->av->fid : NULL);
     close_fid(f->cq ? &f->cq->fid : NULL);
     close_fid(f->domain ? &f->domain->fid : NULL);
@@ -206,6 +227,19 @@ static terse_status check_name(const terse__fabric *f, int r, const uint8_t *b) 
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "rank %d: rank %d's endpoint name has a bad address length %u",
                            f->rank, r, alen);
+    /* Padding must be padding: after the provider's NUL, and after the
+     * address, every byte is zero (a blob with more in it is not ours). */
+    size_t plen = strnlen((const char *)b + TERSE__NAME_PROV_OFF, TERSE__NAME_PROV_LEN);
+    int padded = plen < TERSE__NAME_PROV_LEN;
+    for (size_t i = TERSE__NAME_PROV_OFF + plen; padded && i < TERSE__NAME_ADDR_OFF; i++)
+        padded = b[i] == 0;
+    for (size_t i = TERSE__NAME_ADDR_OFF + alen; padded && i < TERSE__FABRIC_NAME_BYTES; i++)
+        padded = b[i] == 0;
+    if (!padded)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "rank %d: rank %d's endpoint name has non-zero padding (not a terse "
+                           "endpoint name)",
+                           f->rank, r);
     char prov[TERSE__NAME_PROV_LEN + 1] = {0};
     memcpy(prov, b + TERSE__NAME_PROV_OFF, TERSE__NAME_PROV_LEN);
     if (strcmp(prov, f->provider) != 0)

@@ -62,6 +62,7 @@ typedef struct terse__fabric_req {
     size_t len;
     size_t chunks, posted, done; /* chunk bookkeeping */
     int error;                   /* a terse_status once failed */
+    uint32_t epoch;              /* the fabric's epoch when started (wire MACs) */
 } terse__fabric_req;
 
 /* Start a send/receive of len bytes (len may be 0). tag < 2^48; keep
@@ -123,6 +124,25 @@ void terse__fabric_quiesce(terse__fabric *f);
 uint64_t terse__fabric_call_age(terse__fabric *f, int *peer, const char **what);
 void terse__fabric_abandon(terse__fabric *f);
 int terse__fabric_is_abandoned(const terse__fabric *f);
+
+/* Authenticated messages (fabric_mac.c has the construction). */
+#define TERSE__WIRE_MAC 16   /* bytes of GMAC after every chunk */
+#define TERSE__WIRE_NONCE 32 /* random bytes each rank publishes at init */
+
+/* From now on every chunk carries a GMAC under per-pair keys derived from
+ * token and every rank's nonce (nranks x TERSE__WIRE_NONCE bytes, rank
+ * order). Call after set_peers and before any message; every rank must. */
+terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const uint8_t *nonces);
+/* The high bits of the collective sequence number, which the tag leaves
+ * out; bound into every MAC so that a chunk replayed 2^20 phases later
+ * fails. Every rank sets the same value at the same point. */
+void terse__fabric_set_epoch(terse__fabric *f, uint32_t epoch);
+/* Chunks from peer (or from anyone, peer = -1) dropped because they failed
+ * authentication. */
+uint64_t terse__fabric_auth_failures(const terse__fabric *f, int peer);
+/* Tests only: corrupt one byte of every k-th chunk sent after its MAC was
+ * computed (0: never), as a relay flipping bits would. */
+void terse__fabric_test_tamper(terse__fabric *f, unsigned every_k);
 
 /* Bytes handed to libfabric so far (payload) -- for terse_comm_stats. */
 void terse__fabric_counters(const terse__fabric *f, uint64_t *sent, uint64_t *recv);

@@ -61,7 +61,10 @@ typedef struct terse__fabric_slot {
     terse__fabric_op *op;
     size_t chunk;
     struct terse__fabric_slot *next_free;
+    uint8_t mac[TERSE__WIRE_MAC]; /* the chunk's GMAC, sent or received as a 2nd iov */
 } terse__fabric_slot;
+
+typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
 
 /* The transport's side of a request, alive from isend/irecv until the
  * last chunk completes. It is owned by the fabric (not the caller's req)
@@ -111,6 +114,19 @@ struct terse__fabric {
     uint64_t bytes_sent, bytes_recv;
     terse_status failed; /* sticky: after an error only close is allowed */
 
+    /* TERSE_WIRE=mac (fabric_mac.c): per-peer AES-256-GCM contexts keyed
+     * for each direction, dropped chunks per peer, the epoch, the slot
+     * array's registration (the MACs live there), receives to post again
+     * after a forged chunk consumed them, and the tests' tamper hook. */
+    int mac;
+    EVP_CIPHER_CTX **tx_ctx, **rx_ctx;
+    uint64_t *auth_fail;
+    uint32_t epoch;
+    struct fid_mr *slots_mr;
+    void *slots_desc;
+    terse__fabric_slot *repost;
+    unsigned tamper_every, tamper_count;
+
     /* The provider call in progress (a watchdog reads these from another
      * thread): when it started (0: none), which peer it concerns (-1: the
      * CQ), and what it is. abandoned: a watchdog gave up on this fabric;
@@ -138,6 +154,14 @@ static inline void terse__fabric_enter(terse__fabric *f, int peer, const char *w
 static inline void terse__fabric_leave(terse__fabric *f) {
     atomic_store_explicit(&f->call_since, 0, memory_order_release);
 }
+
+/* fabric_mac.c: the chunk's GMAC into out (1 on success), and whether a
+ * received one checks; release the keys. */
+int terse__fabric_mac(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
+                      const uint8_t *p, size_t n, uint8_t out[TERSE__WIRE_MAC]);
+int terse__fabric_mac_ok(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
+                         const uint8_t *p, size_t n, const uint8_t *got);
+void terse__fabric_free_keys(terse__fabric *f);
 
 /* fabric_msg.c: drop every request's state (close calls it after the
  * endpoint is gone, so nothing can complete any more). */

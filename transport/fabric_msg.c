@@ -45,6 +45,8 @@
 #define NAP_AFTER_NS 10000000u
 #define NAP_NS 20000
 #define ALIVE_PERIOD_NS 1000000u
+/* Largest message injected with its MAC (copied to the stack). */
+#define INJECT_STAGE 256
 
 static const char *dir_text(const terse__fabric_req *r) {
     return r->is_send ? "sending to" : "receiving from";
@@ -121,6 +123,7 @@ static void op_put(terse__fabric *f, terse__fabric_op *op) {
 }
 
 void terse__fabric_release_ops(terse__fabric *f) {
+    f->repost = NULL; /* their ops go now */
     while (f->active_head) op_put(f, f->active_head);
     while (f->op_free) {
         terse__fabric_op *op = f->op_free;
@@ -159,6 +162,40 @@ static terse_status post_error(terse__fabric *f, const terse__fabric_req *r, siz
                                (unsigned long long)r->tag, f->provider, fi_strerror(-ret)));
 }
 
+/* Post chunk i of op into slot s: one iov, or with TERSE_WIRE=mac two --
+ * the bytes and the slot's MAC (computed here for a send). */
+static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_slot *s,
+                        size_t i) {
+    terse__fabric_req *r = op->req;
+    size_t n = chunk_len(op, i);
+    uint8_t *p = r->buf ? r->buf + i * op->chunk_bytes : NULL;
+    uint64_t tag = r->tag | ((uint64_t)i << TERSE__TAG_BITS);
+    s->op = op;
+    s->chunk = i;
+    ssize_t ret;
+    terse__fabric_enter(f, r->peer, r->is_send ? "fi_tsend" : "fi_trecv");
+    if (!f->mac) {
+        ret = r->is_send ? fi_tsend(f->ep, p, n, op->desc, f->addrs[r->peer], tag, &s->ctx)
+                         : fi_trecv(f->ep, p, n, op->desc, f->addrs[r->peer], tag, 0, &s->ctx);
+    } else {
+        if (r->is_send && !terse__fabric_mac(f, r, i, p, n, s->mac)) {
+            terse__fabric_leave(f);
+            return -FI_EOTHER;
+        }
+        if (r->is_send && f->tamper_every && ++f->tamper_count % f->tamper_every == 0)
+            s->mac[0] ^= 0x5a; /* tests: a relay that flips bits */
+        struct iovec iov[2] = {{p, n}, {s->mac, TERSE__WIRE_MAC}};
+        void *desc[2] = {op->desc, f->slots_desc};
+        size_t k = n ? 0 : 1; /* no zero-length iov entries */
+        ret = r->is_send
+                  ? fi_tsendv(f->ep, iov + k, desc + k, 2 - k, f->addrs[r->peer], tag, &s->ctx)
+                  : fi_trecvv(f->ep, iov + k, desc + k, 2 - k, f->addrs[r->peer], tag, 0,
+                              &s->ctx);
+    }
+    terse__fabric_leave(f);
+    return ret;
+}
+
 /* Post op's next chunks while its window, the direction's slot pool and
  * the provider (-FI_EAGAIN) allow. *full is set when the provider or pool
  * is out of room, so the caller stops trying this direction this round. */
@@ -172,15 +209,7 @@ static terse_status post_chunks(terse__fabric *f, terse__fabric_op *op, int *ful
             return TERSE_OK;
         }
         size_t i = r->posted, n = chunk_len(op, i);
-        uint8_t *p = r->buf ? r->buf + i * op->chunk_bytes : NULL;
-        uint64_t tag = r->tag | ((uint64_t)i << TERSE__TAG_BITS);
-        s->op = op;
-        s->chunk = i;
-        terse__fabric_enter(f, r->peer, r->is_send ? "fi_tsend" : "fi_trecv");
-        ssize_t ret = r->is_send
-                          ? fi_tsend(f->ep, p, n, op->desc, f->addrs[r->peer], tag, &s->ctx)
-                          : fi_trecv(f->ep, p, n, op->desc, f->addrs[r->peer], tag, 0, &s->ctx);
-        terse__fabric_leave(f);
+        ssize_t ret = post_one(f, op, s, i);
         if (atomic_load(&f->abandoned)) return abandoned(f);
         if (ret == -FI_EAGAIN) {
             *full = 1;
@@ -197,6 +226,16 @@ static terse_status post_chunks(terse__fabric *f, terse__fabric_op *op, int *ful
 
 /* Give every active request its chance to post, oldest first. */
 static terse_status post_pending(terse__fabric *f) {
+    /* First the receives a forged chunk consumed (their slots are held). */
+    while (f->repost) {
+        terse__fabric_slot *s = f->repost;
+        ssize_t ret = post_one(f, s->op, s, s->chunk);
+        if (atomic_load(&f->abandoned)) return abandoned(f);
+        if (ret == -FI_EAGAIN) break;
+        if (ret != 0) return post_error(f, s->op->req, s->chunk, (int)ret);
+        f->repost = s->next_free;
+        s->op->inflight++;
+    }
     int tx_full = 0, rx_full = 0;
     for (terse__fabric_op *op = f->active_head; op && !(tx_full && rx_full); op = op->next) {
         if (op->req->posted == op->req->chunks) continue;
@@ -211,10 +250,20 @@ static terse_status post_pending(terse__fabric *f) {
 static int try_inject(terse__fabric *f, terse__fabric_req *r, terse_status *st) {
     static const uint8_t none = 0; /* some providers dislike NULL even for 0 bytes */
     *st = TERSE_OK;
-    if (!r->is_send || r->chunks != 1 || f->inject_bytes == 0 || r->len > f->inject_bytes)
+    const size_t extra = f->mac ? TERSE__WIRE_MAC : 0;
+    if (!r->is_send || r->chunks != 1 || f->inject_bytes == 0 || r->len + extra > f->inject_bytes ||
+        (extra && r->len > INJECT_STAGE))
         return 0; /* an inject size of 0 means the provider cannot inject at all */
+    uint8_t stage[INJECT_STAGE + TERSE__WIRE_MAC];
+    const void *src = r->len ? r->buf : &none;
+    if (extra) { /* bytes || MAC, one contiguous message the receiver scatters */
+        if (r->len) memcpy(stage, r->buf, r->len);
+        if (!terse__fabric_mac(f, r, 0, r->buf, r->len, stage + r->len)) return 0;
+        if (f->tamper_every && ++f->tamper_count % f->tamper_every == 0) stage[r->len] ^= 0x5a;
+        src = stage;
+    }
     terse__fabric_enter(f, r->peer, "fi_tinject");
-    ssize_t ret = fi_tinject(f->ep, r->len ? r->buf : &none, r->len, f->addrs[r->peer], r->tag);
+    ssize_t ret = fi_tinject(f->ep, src, r->len + extra, f->addrs[r->peer], r->tag);
     terse__fabric_leave(f);
     if (atomic_load(&f->abandoned)) {
         *st = abandoned(f);
@@ -266,6 +315,7 @@ static terse_status start(terse__fabric *f, int is_send, int peer, uint64_t tag,
     req->buf = buf;
     req->len = len;
     req->chunks = len ? (len - 1) / cb + 1 : 1;
+    req->epoch = f->epoch;
 
     terse_status st;
     if (try_inject(f, req, &st)) return st;
@@ -306,10 +356,35 @@ static void slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send) {
     *pool = s;
 }
 
+/* A received chunk that failed authentication (or arrived with a length
+ * only a forger would send): count it, log it (the first from each peer,
+ * then at every power of two), and post its receive again -- the slot
+ * keeps its op and chunk -- so the request waits on for the real one. */
+static terse_status drop_forged(terse__fabric *f, terse__fabric_slot *s, size_t got) {
+    terse__fabric_req *r = s->op->req;
+    uint64_t n = ++f->auth_fail[r->peer];
+    if ((n & (n - 1)) == 0)
+        fprintf(stderr,
+                "terse: rank %d: dropped a %zu-byte chunk claiming to come from rank %d (tag "
+                "%#llx, chunk %zu): it failed authentication (%llu from rank %d so far)\n",
+                f->rank, got, r->peer, (unsigned long long)r->tag, s->chunk,
+                (unsigned long long)n, r->peer);
+    s->op->inflight--;
+    s->next_free = f->repost;
+    f->repost = s;
+    return TERSE_OK;
+}
+
 static terse_status complete(terse__fabric *f, terse__fabric_slot *s, size_t got) {
     terse__fabric_op *op = s->op;
     terse__fabric_req *r = op->req;
     size_t want = chunk_len(op, s->chunk);
+    if (f->mac && !r->is_send) {
+        const uint8_t *p = r->buf ? r->buf + s->chunk * op->chunk_bytes : NULL;
+        if (got != want + TERSE__WIRE_MAC || !terse__fabric_mac_ok(f, r, s->chunk, p, want, s->mac))
+            return drop_forged(f, s, got);
+        got = want;
+    }
     slot_put(f, s, r->is_send);
     op->inflight--;
     if (!r->is_send) {
@@ -349,6 +424,8 @@ static terse_status complete_error(terse__fabric *f) {
                                    f->rank, f->provider, fi_strerror(err), txt ? txt : ""));
     terse__fabric_req *r = s->op->req;
     terse_status st;
+    if (err == FI_ETRUNC && f->mac && !r->is_send)
+        return drop_forged(f, s, chunk_len(s->op, s->chunk) + TERSE__WIRE_MAC + e.olen);
     if (err == FI_ETRUNC)
         st = TERSE_ERROR(TERSE_ERR_CORRUPT,
                          "rank %d: rank %d sent more than the %zu bytes posted for chunk %zu of "
@@ -408,6 +485,18 @@ static size_t bytes_done(const terse__fabric *f, const terse__fabric_req *r) {
 
 static terse_status timed_out(terse__fabric *f, const terse__fabric_req *r, uint64_t start,
                               uint64_t idle_ns) {
+    uint64_t forged = f->auth_fail ? f->auth_fail[r->peer] : 0;
+    if (forged)
+        return fail(f, TERSE_ERROR(TERSE_ERR_AUTH,
+                                   "rank %d: %llu chunks claiming to come from rank %d failed "
+                                   "authentication, and the real rank %d sent nothing that "
+                                   "checks for %llu ms (tag %#llx, %zu of %zu bytes done, "
+                                   "provider %s): another process may have taken rank %d's "
+                                   "place, or a relay is altering its messages",
+                                   f->rank, (unsigned long long)forged, r->peer, r->peer,
+                                   (unsigned long long)((terse__now_ns() - start) / 1000000u),
+                                   (unsigned long long)r->tag, bytes_done(f, r), r->len,
+                                   f->provider, r->peer));
     char why[96] = "";
     if (idle_ns)
         snprintf(why, sizeof why, " with no progress for the last %llu ms",
@@ -556,4 +645,8 @@ void terse__fabric_abandon(terse__fabric *f) {
 
 int terse__fabric_is_abandoned(const terse__fabric *f) {
     return f && atomic_load(&f->abandoned);
+}
+
+void terse__fabric_test_tamper(terse__fabric *f, unsigned every_k) {
+    if (f) f->tamper_every = every_k;
 }

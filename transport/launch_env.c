@@ -179,6 +179,15 @@ static terse_status resolve_token(const terse_comm_config *cfg, terse__launch *o
                            out->rank, out->nranks);
     size_t n = strlen(v);
     if (n == 0) return TERSE_ERROR(TERSE_ERR_INVALID, "%s is empty", name);
+    /* Every key of the job derives from the token: a short one can be
+     * guessed offline from one recorded handshake. */
+    const char *weak = getenv("TERSE_ALLOW_SHORT_TOKEN");
+    if (n < TERSE__MIN_TOKEN && !(weak && strcmp(weak, "1") == 0))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "%s is %zu bytes long; at least %d are required (terse-run makes a "
+                           "random 64-character one; TERSE_ALLOW_SHORT_TOKEN=1 lifts this for "
+                           "tests)",
+                           name, n, TERSE__MIN_TOKEN);
     if (n >= sizeof out->token)
         return TERSE_ERROR(TERSE_ERR_INVALID, "%s is %zu bytes long; at most %zu are allowed",
                            name, n, sizeof out->token - 1);

@@ -6,12 +6,14 @@
 
 #include "terse.h"
 
+#define TERSE__MIN_TOKEN 16
+
 typedef struct terse__launch {
     int rank, nranks;
     char addr[256];     /* host:port */
     char provider[32];
     char token[256];
-    int timeout_ms;
+    int timeout_ms; /* (token: at least TERSE__MIN_TOKEN bytes) */
     int init_timeout_ms;
     char source[64];    /* which launcher's variables were used, for messages */
 } terse__launch;
