@@ -120,7 +120,7 @@ fi
 
 # 7. A worker killed mid-run: the launcher returns 1 within seconds, saying
 #    the workers failed, instead of hanging.
-"$bench" train --epochs 100 --train-limit 19200 --test-limit 2000 -q \
+"$bench" train --epochs 100 --train-limit 19200 --test-limit 2000 \
     >"$tmp/kill.out" 2>"$tmp/kill.err" &
 launcher=$!
 # The launcher's child is terse-run; its children are the workers. Kill a
@@ -136,7 +136,11 @@ if [[ -z $victim ]]; then
     bad "kill: no worker process appeared"
     kill "$launcher" 2>/dev/null
 else
-    sleep 2
+    # Kill once the first evaluation is recorded (its progress line says
+    # "test NN%"), not after a fixed sleep: on a loaded machine the first
+    # epoch can take longer than any fixed guess, and a run killed before
+    # its first record has nothing to report.
+    for _ in $(seq 1 300); do grep -q "test [0-9]" "$tmp/kill.err" && break; sleep 0.1; done
     kill -9 "$victim"
     for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
     if kill -0 "$launcher" 2>/dev/null; then

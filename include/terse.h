@@ -477,9 +477,14 @@ typedef struct terse_comm terse_comm;
  *                 (verbs;ofi_rxm), "efa", or "auto" (default: an RDMA
  *                 provider if present, else tcp; shm when all ranks share
  *                 one host).
- *   token         TERSE_TOKEN: the job's shared secret; every connection to
- *                 the store proves it knows the token (HMAC-SHA256
- *                 challenge-response). Required when nranks > 1.
+ *   token         TERSE_TOKEN: the job's shared secret, at least 16 bytes;
+ *                 every connection to the store proves it knows the token
+ *                 (HMAC-SHA256 challenge-response), and the keys that
+ *                 authenticate data messages derive from it (TERSE_WIRE).
+ *                 Required when nranks > 1. terse wipes its copies after
+ *                 init; unset TERSE_TOKEN once init returns, so that
+ *                 children do not inherit it. SECURITY.md has the threat
+ *                 model.
  *   timeout_ms    TERSE_TIMEOUT_MS, default 60000: how long a call waits
  *                 for a peer that makes no progress before failing (an
  *                 inactivity timeout).
@@ -500,7 +505,14 @@ typedef struct terse_comm terse_comm;
  * the one asked about and returns when they are done. Blocking calls made
  * when nothing else is in flight run on the caller's thread in either mode.
  *
- * Tuning variables (environment only; set them alike on every rank):
+ * Tuning variables (environment only; set them alike on every rank). Each
+ * is read once per communicator, strictly: a malformed value (a typo, an
+ * unknown suffix, out of range) fails terse_comm_init with
+ * TERSE_ERR_INVALID naming it. TERSE_RD_MAX_BYTES, TERSE_RING_CHUNK_BYTES,
+ * TERSE_CHUNK_BYTES and TERSE_WIRE change how messages are cut or framed:
+ * init compares them across ranks and fails on every rank, naming the
+ * variable and both values, when any two differ. Byte counts take k, m, g
+ * suffixes (powers of 1024).
  *   TERSE_IFACE             network interface (tcp) or device (verbs, efa)
  *                           to use; default: loopback when all ranks share
  *                           a host, else libfabric's first choice.
@@ -508,6 +520,15 @@ typedef struct terse_comm terse_comm;
  *   TERSE_RING_CHUNK_BYTES  ring pipeline chunk (default 512 KiB).
  *   TERSE_RD_MAX_BYTES      dense buffers up to this size use recursive
  *                           doubling instead of the ring (default 64 KiB).
+ *   TERSE_WIRE              auto (default) | mac | none. mac: every data
+ *                           chunk carries a 16-byte Poly1305 tag under
+ *                           per-pair keys; a chunk that fails is dropped
+ *                           and counted (stats.auth_failures) and, if the
+ *                           real one never comes, the call fails with
+ *                           TERSE_ERR_AUTH naming the peer. auto = mac on
+ *                           tcp, verbs and efa, none on shm (its regions
+ *                           are private to the user). Compared at init.
+ *   TERSE_PROGRESS          thread (default) | caller: see Progress below.
  *   TERSE_FABRIC_REGISTER=1 register every buffer even when the provider
  *                           does not require it (for testing).
  *   TERSE_SIMD              scalar | avx2: cap the SIMD level of the codecs.

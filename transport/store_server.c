@@ -38,7 +38,8 @@ enum {
     TERSE__STORE_HANDSHAKE_MS = 2000, /* a legitimate client answers HELLO at once */
     MAX_PENDING = 128,                /* unauthenticated connections at one time */
     MAX_QUEUED = 8 << 20,             /* bytes queued for a rank that does not read */
-    MAX_LOG_LINES = 200,              /* a flood of garbage must not flood stderr */
+    NOISE_BURST = 20,                 /* noise lines logged before rate limiting */
+    NOISE_PERIOD_MS = 1000,           /* then one summary line per period */
 };
 
 typedef struct conn {
@@ -46,6 +47,7 @@ typedef struct conn {
     uint64_t gen;
     char peer[64];
     int authed, rank, said_bye;
+    int loud; /* its drop is always logged (a failed authentication, a refusal) */
     uint64_t hs_deadline;
     uint8_t snonce[TERSE__STORE_NONCE];
     terse__store_rx rx;
@@ -63,24 +65,58 @@ struct terse__store_server {
     uint64_t next_gen;
     uint8_t *joined; /* joined[rank]: a rank joins once per job */
     terse__store_table table;
-    unsigned nlogged;
+    unsigned noise_logged;      /* noise lines printed so far */
+    unsigned long noise_held;   /* noise events not printed since the last summary */
+    uint64_t noise_since_ms;    /* start of the current summary period */
     struct pollfd *pfd;
     size_t *pslot;
     size_t pcap;
 };
 
+/* Two kinds of log line. Events that matter -- a rank lost, a failed
+ * authentication, a refusal, the store stopping -- are always printed.
+ * Noise from connections that never authenticate (silent, garbage,
+ * evicted) is printed NOISE_BURST times, then summarised with a count once
+ * per NOISE_PERIOD_MS, so that a flood can neither fill stderr nor hide a
+ * rank loss behind a "stopped logging" line. */
+static void vlog(terse__store_server *s, const char *fmt, va_list ap) {
+    char msg[384];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    fprintf(stderr, "terse store %s: %s\n", s->addr, msg);
+}
+
 static void slog(terse__store_server *s, const char *fmt, ...) TERSE__PRINTF(2, 3);
 static void slog(terse__store_server *s, const char *fmt, ...) {
-    if (s->nlogged > MAX_LOG_LINES) return;
-    char msg[384];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vlog(s, fmt, ap);
     va_end(ap);
-    if (s->nlogged++ == MAX_LOG_LINES)
-        fprintf(stderr, "terse store %s: too many events; not logging more\n", s->addr);
-    else
-        fprintf(stderr, "terse store %s: %s\n", s->addr, msg);
+}
+
+static void noise_flush(terse__store_server *s, uint64_t now) {
+    if (s->noise_held && now - s->noise_since_ms >= NOISE_PERIOD_MS) {
+        fprintf(stderr, "terse store %s: %lu more unauthenticated connections dropped in the "
+                        "last %.1f s (not logged one by one)\n",
+                s->addr, s->noise_held, (double)(now - s->noise_since_ms) / 1e3);
+        s->noise_held = 0;
+    }
+    if (!s->noise_held) s->noise_since_ms = now;
+}
+
+static void snoise(terse__store_server *s, const char *fmt, ...) TERSE__PRINTF(2, 3);
+static void snoise(terse__store_server *s, const char *fmt, ...) {
+    uint64_t now = terse__store_now_ms();
+    if (s->noise_logged < NOISE_BURST) {
+        s->noise_logged++;
+        s->noise_since_ms = now;
+        va_list ap;
+        va_start(ap, fmt);
+        vlog(s, fmt, ap);
+        va_end(ap);
+        return;
+    }
+    s->noise_held++;
+    noise_flush(s, now);
 }
 
 /* ---- connections ---- */
@@ -114,8 +150,10 @@ static void drop(terse__store_server *s, size_t slot, const char *fmt, ...) {
     if (lost)
         slog(s, "rank %d (%s) lost: %s; telling the other ranks", c->rank, c->peer,
              fmt ? why : "connection closed without goodbye");
-    else if (fmt)
+    else if (fmt && (c->authed || c->loud))
         slog(s, "dropped %s%s: %s", c->peer, c->authed ? "" : " (unauthenticated)", why);
+    else if (fmt)
+        snoise(s, "dropped %s (unauthenticated): %s", c->peer, why);
     /* One last non-blocking try, so a REFUSE reaches the client. */
     (void)terse__store_tx_flush(&c->tx, c->fd);
     terse__store_close_fd(c->fd);
@@ -141,10 +179,19 @@ static void accept_one(terse__store_server *s, int fd) {
     char peer[64];
     terse__store_peer_name(fd, peer, sizeof peer);
     if (s->npending >= MAX_PENDING) {
-        slog(s, "dropped %s: %zu unauthenticated connections are already open", peer,
-             s->npending);
-        terse__store_close_fd(fd);
-        return;
+        /* Evict the oldest unauthenticated connection rather than refuse
+         * the newest: a legitimate rank answers HELLO within a round trip,
+         * so to starve it an attacker would have to open MAX_PENDING
+         * connections inside that round trip, again and again, instead of
+         * merely holding MAX_PENDING silent ones. */
+        size_t oldest = s->nslots;
+        for (size_t i = 0; i < s->nslots; i++)
+            if (s->c[i].fd >= 0 && !s->c[i].authed &&
+                (oldest == s->nslots || s->c[i].gen < s->c[oldest].gen))
+                oldest = i;
+        if (oldest < s->nslots)
+            drop(s, oldest, "evicted: the oldest of %zu unauthenticated connections",
+                 s->npending);
     }
     size_t slot = 0;
     while (slot < s->nslots && s->c[slot].fd >= 0) slot++;
@@ -199,6 +246,7 @@ static void handle_auth(terse__store_server *s, size_t slot, uint8_t type, const
     int good = terse__store_mac_equal(mac, want);
     OPENSSL_cleanse(want, sizeof want);
     if (!good) {
+        c->loud = 1;
         refuse(s, slot, TERSE__STORE_REFUSE_AUTH, "wrong token");
         drop(s, slot, "failed authentication claiming rank %u (wrong token)", rank);
         return;
@@ -207,12 +255,14 @@ static void handle_auth(terse__store_server *s, size_t slot, uint8_t type, const
     if (rank >= (uint32_t)s->nranks || nranks != (uint32_t)s->nranks) {
         snprintf(text, sizeof text, "rank %u of %u does not fit this job of %d ranks", rank,
                  nranks, s->nranks);
+        c->loud = 1;
         refuse(s, slot, TERSE__STORE_REFUSE_SHAPE, text);
         drop(s, slot, "refused: %s", text);
         return;
     }
     if (s->joined[rank]) {
         snprintf(text, sizeof text, "rank %u has already joined", rank);
+        c->loud = 1;
         refuse(s, slot, TERSE__STORE_REFUSE_DUPLICATE, text);
         drop(s, slot, "refused: %s", text);
         return;
@@ -370,6 +420,9 @@ static void *serve(void *arg) {
     for (;;) {
         /* 1. Drop connections that did not authenticate in time. */
         uint64_t now = terse__store_now_ms(), next = draining ? drain_deadline : UINT64_MAX;
+        noise_flush(s, now);
+        if (s->noise_held && s->noise_since_ms + NOISE_PERIOD_MS < next)
+            next = s->noise_since_ms + NOISE_PERIOD_MS;
         for (size_t i = 0; i < s->nslots; i++) {
             conn *c = &s->c[i];
             if (c->fd < 0 || c->authed) continue;
