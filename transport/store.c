@@ -64,7 +64,7 @@ static void mark_gone(terse__store *s, const char *why) {
     s->gone = 1;
 }
 
-enum { F_FRAME, F_EOF, F_TIMEOUT, F_OVERSIZED, F_ERROR };
+enum { F_FRAME, F_EOF, F_TIMEOUT, F_OVERSIZED, F_ERROR, F_FORGED };
 
 /* The next complete frame from the server, reading until deadline_ms (0:
  * only what has already arrived). The frame stays buffered until
@@ -74,6 +74,7 @@ static int next_frame(terse__store *s, uint64_t deadline_ms, uint8_t *type, cons
     for (;;) {
         int k = terse__store_rx_peek(&s->rx, TERSE__STORE_MAX_BODY, type, body, n);
         if (k > 0) return F_FRAME;
+        if (k == -2) return F_FORGED;
         if (k < 0) return F_OVERSIZED;
         long r = terse__store_rx_read(&s->rx, s->fd);
         if (r > 0) continue;
@@ -101,6 +102,9 @@ static terse_status await(terse__store *s, uint32_t id, uint8_t want, uint64_t d
         if (f == F_EOF) mark_gone(s, "the connection was closed");
         if (f == F_ERROR) mark_gone(s, strerror(errno));
         if (f == F_OVERSIZED) mark_gone(s, "it sent an oversized frame");
+        if (f == F_FORGED)
+            mark_gone(s, "a frame from it failed authentication (something between this rank "
+                         "and the store altered, dropped or inserted data)");
         if (f != F_FRAME) return fail_lost(s);
         if (type == TERSE__STORE_LOST && len == 4) {
             uint32_t r = terse__get_u32(b);
@@ -223,6 +227,13 @@ static terse_status handshake(terse__store *s, const char *token, uint64_t deadl
                            "the server at %s could not prove it knows the job token; rank %d "
                            "refuses to use it (another job's store or an impostor on that port?)",
                            s->addr, s->rank);
+    /* Every later frame, both ways, is tagged (store_wire.h). */
+    uint8_t c2s[32], s2c[32];
+    TERSE_CHECK(terse__store_session_keys(token, snonce, cnonce, (uint32_t)s->rank, c2s, s2c));
+    terse__store_tx_key(&s->tx, c2s);
+    terse__store_rx_key(&s->rx, s2c, 0);
+    OPENSSL_cleanse(c2s, sizeof c2s);
+    OPENSSL_cleanse(s2c, sizeof s2c);
     return TERSE_OK;
 }
 

@@ -12,6 +12,11 @@
  * keeps serving legitimate ranks. The server binds only to the address it is
  * given.
  *
+ * Every frame after the handshake carries an HMAC-SHA256 tag under a
+ * per-connection, per-direction key (store_wire.h), so a relay that passed
+ * the handshake through can alter nothing later. Unauthenticated
+ * connections beyond 128 evict the oldest of them.
+ *
  * The server runs on a thread inside rank 0 for the communicator's
  * lifetime. Each client keeps its connection open: when a rank's
  * connection drops, the server tells the remaining ranks ("rank r lost"),

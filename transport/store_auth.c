@@ -66,3 +66,25 @@ int terse__store_mac_equal(const uint8_t *a, const uint8_t *b) {
     /* Constant time, so a forger learns nothing from how long a refusal takes. */
     return CRYPTO_memcmp(a, b, TERSE__STORE_MAC) == 0;
 }
+
+static terse_status session_key(const char *token, const char *label, const uint8_t *snonce,
+                                const uint8_t *cnonce, uint32_t rank, uint8_t key[32]) {
+    uint8_t msg[2 * TERSE__STORE_NONCE + 32 + 4];
+    size_t n = 0, l = strlen(label);
+    memcpy(msg + n, label, l);
+    n += l;
+    memcpy(msg + n, snonce, TERSE__STORE_NONCE);
+    n += TERSE__STORE_NONCE;
+    memcpy(msg + n, cnonce, TERSE__STORE_NONCE);
+    n += TERSE__STORE_NONCE;
+    terse__put_u32(msg + n, rank);
+    n += 4;
+    return hmac(token, msg, n, key);
+}
+
+terse_status terse__store_session_keys(const char *token, const uint8_t *snonce,
+                                       const uint8_t *cnonce, uint32_t rank, uint8_t c2s[32],
+                                       uint8_t s2c[32]) {
+    TERSE_CHECK(session_key(token, "terse-store-v1/c2s", snonce, cnonce, rank, c2s));
+    return session_key(token, "terse-store-v1/s2c", snonce, cnonce, rank, s2c);
+}

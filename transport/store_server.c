@@ -235,7 +235,10 @@ static void handle_auth(terse__store_server *s, size_t slot, uint8_t type, const
         return;
     }
     uint32_t rank = terse__get_u32(b), nranks = terse__get_u32(b + 4);
-    const uint8_t *cnonce = b + 8, *mac = b + 8 + TERSE__STORE_NONCE;
+    /* A copy: growing the receive buffer below may move the frame. */
+    uint8_t cnonce[TERSE__STORE_NONCE];
+    memcpy(cnonce, b + 8, sizeof cnonce);
+    const uint8_t *mac = b + 8 + TERSE__STORE_NONCE;
     uint8_t want[TERSE__STORE_MAC];
     if (terse__store_client_mac(s->token, c->snonce, rank, want) != TERSE_OK) {
         drop(s, slot, "HMAC computation failed");
@@ -273,12 +276,22 @@ static void handle_auth(terse__store_server *s, size_t slot, uint8_t type, const
         drop(s, slot, "out of memory or HMAC failure after authentication");
         return;
     }
+    uint8_t c2s[32], s2c[32];
+    if (terse__store_session_keys(s->token, c->snonce, cnonce, rank, c2s, s2c) != TERSE_OK) {
+        drop(s, slot, "HMAC failure deriving the session keys");
+        return;
+    }
     c->authed = 1;
     c->rank = (int)rank;
     s->joined[rank] = 1;
     s->npending--;
     s->nauthed++;
     queue(s, slot, TERSE__STORE_WELCOME, proof, sizeof proof, NULL, 0);
+    /* Every later frame, both ways, is tagged (store_wire.h). */
+    terse__store_tx_key(&c->tx, s2c);
+    terse__store_rx_key(&c->rx, c2s, 1);
+    OPENSSL_cleanse(c2s, sizeof c2s);
+    OPENSSL_cleanse(s2c, sizeof s2c);
 }
 
 /* ---- requests from authenticated ranks ---- */
@@ -377,6 +390,11 @@ static void serve_input(terse__store_server *s, size_t slot) {
         size_t n = 0;
         int k = terse__store_rx_peek(&c->rx, max, &type, &body, &n);
         if (k == 0) return;
+        if (k == -2) {
+            drop(s, slot, "rank %d's frame failed authentication (altered, dropped or inserted "
+                          "on the way)", c->rank);
+            return;
+        }
         if (k < 0) {
             drop(s, slot, "sent an oversized frame (length %zu, limit %zu)", n, max);
             return;

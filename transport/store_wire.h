@@ -16,7 +16,17 @@
  * The two directions use different labels so that one side's proof can never
  * be replayed as the other's. After WELCOME the client sends SET / GET / BYE
  * (each request carries an id that its reply echoes) and the server sends
- * OK / VALUE replies and LOST notices at any time. */
+ * OK / VALUE replies and LOST notices at any time.
+ *
+ * Every frame after WELCOME, in both directions, ends with a 16-byte tag:
+ * HMAC-SHA256(K_dir, u64 seq || u8 type || u32 body length || body), cut
+ * to 16 bytes, where seq counts the direction's keyed frames from 0 and
+ *   K_c2s = HMAC-SHA256(token, "terse-store-v1/c2s" || snonce || cnonce || u32 rank)
+ *   K_s2c = HMAC-SHA256(token, "terse-store-v1/s2c" || snonce || cnonce || u32 rank)
+ * so a relay that passed the handshake through can neither alter, insert,
+ * drop, reorder nor replay a later frame: the receiver's next tag fails and
+ * it treats the connection as broken (the server drops it -- the rank is
+ * lost -- and the client reports the store gone). */
 #ifndef TERSE_TRANSPORT_STORE_WIRE_H
 #define TERSE_TRANSPORT_STORE_WIRE_H
 
@@ -36,6 +46,7 @@ enum {
     TERSE__STORE_AUTH_BODY = 4 + 4 + TERSE__STORE_NONCE + TERSE__STORE_MAC,
     TERSE__STORE_MAX_RANKS = 1 << 20,
     TERSE__STORE_MAX_TOKEN = 255,
+    TERSE__STORE_TAG = 16,           /* the tag on every frame after WELCOME */
 };
 
 typedef enum terse__store_frame {
@@ -68,6 +79,10 @@ terse_status terse__store_client_mac(const char *token, const uint8_t *snonce, u
 terse_status terse__store_server_mac(const char *token, const uint8_t *cnonce,
                                      const uint8_t *snonce, uint32_t rank,
                                      uint8_t mac[TERSE__STORE_MAC]);
+/* The two directions' frame keys of one authenticated connection. */
+terse_status terse__store_session_keys(const char *token, const uint8_t *snonce,
+                                       const uint8_t *cnonce, uint32_t rank, uint8_t c2s[32],
+                                       uint8_t s2c[32]);
 /* Constant-time comparison of two MACs: 1 if equal. */
 int terse__store_mac_equal(const uint8_t *a, const uint8_t *b);
 
@@ -78,12 +93,18 @@ int terse__store_mac_equal(const uint8_t *a, const uint8_t *b);
 typedef struct terse__store_rx {
     uint8_t *buf;
     size_t len, cap;
+    int keyed;        /* frames carry tags (after WELCOME); 2: from the next one */
+    uint64_t seq;     /* of the next keyed frame */
+    uint8_t key[32];
 } terse__store_rx;
 
 /* Bytes queued for sending (grows; head is the first unsent byte). */
 typedef struct terse__store_tx {
     uint8_t *buf;
     size_t head, len, cap;
+    int keyed;
+    uint64_t seq;
+    uint8_t key[32];
 } terse__store_tx;
 
 terse_status terse__store_rx_init(terse__store_rx *rx, size_t max_body);
@@ -93,13 +114,20 @@ void terse__store_rx_free(terse__store_rx *rx);
  * closed, -1 nothing available (EAGAIN), -2 a socket error (errno set). */
 long terse__store_rx_read(terse__store_rx *rx, int fd);
 /* The first complete frame: 1 and (*type, *body, *blen) pointing into the
- * buffer; 0 if incomplete; -1 if its length exceeds max_body (*blen holds
- * the claimed length). The frame stays until terse__store_rx_consume. */
+ * buffer (a keyed frame's tag checked and left out of *blen); 0 if
+ * incomplete; -1 if its length exceeds max_body (*blen holds the claimed
+ * length); -2 if its tag does not check. The frame stays until
+ * terse__store_rx_consume. */
 int terse__store_rx_peek(const terse__store_rx *rx, size_t max_body, uint8_t *type,
                          const uint8_t **body, size_t *blen);
 void terse__store_rx_consume(terse__store_rx *rx);
 
 void terse__store_tx_free(terse__store_tx *tx);
+/* From now on frames carry tags under key (copied; the caller wipes its).
+ * after_current: the frame being handled (still buffered) is the last
+ * untagged one, and tagging starts with the next. */
+void terse__store_rx_key(terse__store_rx *rx, const uint8_t key[32], int after_current);
+void terse__store_tx_key(terse__store_tx *tx, const uint8_t key[32]);
 /* Queue one frame whose body is the concatenation of up to three parts
  * (NULL/0 parts are skipped). TERSE_ERR_NOMEM if the queue cannot grow. */
 terse_status terse__store_tx_frame(terse__store_tx *tx, uint8_t type, const void *a, size_t alen,
