@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "plain_procs.h"
 #include "terse.h"
 
 #define MAX_RANKS 3
@@ -40,43 +41,6 @@ typedef struct {
     double end_ms;
     char err[400];
 } rank_out;
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
-/* What a SIGKILLed (or abandoned) process leaves in /dev/shm. */
-static void remove_shm_of(pid_t pid) {
-    char prefix[32];
-    int len = snprintf(prefix, sizeof prefix, "%d:", (int)pid);
-    DIR *d = opendir("/dev/shm");
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, prefix, (size_t)len) == 0) {
-            char path[300];
-            snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
-            unlink(path);
-        }
-    closedir(d);
-}
 
 static void rank_main(int r, int nranks, const char *addr, int timeout_ms, unsigned seed,
                       rank_out *o) {
@@ -99,7 +63,7 @@ static void rank_main(int r, int nranks, const char *addr, int timeout_ms, unsig
         s = terse_allreduce(c, x, n, NULL, TERSE_OP_SUM);
         if (s != TERSE_OK) break;
     }
-    o->end_ms = now_ms();
+    o->end_ms = plain_now_ms();
     o->status = (int)s;
     snprintf(o->err, sizeof o->err, "%s", terse_last_error());
     o->finished = 1;
@@ -125,7 +89,7 @@ static void trial(int nranks, int sig, int timeout_ms, unsigned seed, int quiet,
                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(o, 0, sizeof(rank_out) * MAX_RANKS);
     char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", free_port());
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", plain_free_port());
     pid_t pid[MAX_RANKS];
     fflush(NULL);
     for (int r = 0; r < nranks; r++) {
@@ -136,21 +100,21 @@ static void trial(int nranks, int sig, int timeout_ms, unsigned seed, int quiet,
         }
     }
     const int victim = 1 + (int)(seed % (unsigned)(nranks - 1));
-    double t0 = now_ms();
-    while (!o[victim].started && now_ms() - t0 < 20000) usleep(1000);
+    double t0 = plain_now_ms();
+    while (!o[victim].started && plain_now_ms() - t0 < 20000) usleep(1000);
     usleep(10000 + (useconds_t)(seed * 7919u % 290000u)); /* 10 .. 300 ms into the loop */
-    double sent = now_ms();
+    double sent = plain_now_ms();
     kill(pid[victim], sig);
     double limit = sent + timeout_ms + SLACK_MS;
     int bad = 0;
     for (int r = 0; r < nranks; r++) {
         if (r == victim) continue;
-        while (!o[r].finished && now_ms() < limit) usleep(2000);
+        while (!o[r].finished && plain_now_ms() < limit) usleep(2000);
         if (!o[r].finished) {
             t->hangs++;
             bad = 1;
             fprintf(stderr, "HANG: %s x%d trial seed %u: rank %d still running %.0f ms after the "
-                            "signal\n", strsignal(sig), nranks, seed, r, now_ms() - sent);
+                            "signal\n", strsignal(sig), nranks, seed, r, plain_now_ms() - sent);
             continue;
         }
         int ok = (o[r].status == TERSE_ERR_PEER_LOST || o[r].status == TERSE_ERR_TIMEOUT) &&
@@ -167,7 +131,7 @@ static void trial(int nranks, int sig, int timeout_ms, unsigned seed, int quiet,
     for (int r = 0; r < nranks; r++) kill(pid[r], SIGKILL);
     for (int r = 0; r < nranks; r++) {
         waitpid(pid[r], NULL, 0);
-        remove_shm_of(pid[r]);
+        plain_remove_shm_of(pid[r]);
     }
     if (!quiet && !bad)
         fprintf(stderr, "  %s x%d seed %u: ok\n", strsignal(sig), nranks, seed);

@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "plain_procs.h"
 #include "terse.h"
 
 #define NREQ 6
@@ -164,20 +165,6 @@ static int body(terse_comm *c, int rank, int nranks, int free_mode) {
     return fails;
 }
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        return -1;
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         printf("usage: tsan_engine [PROVIDER [NRANKS [abort|free]]]  (defaults: tcp 2 abort)\n"
@@ -193,7 +180,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", free_port());
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", plain_free_port());
     pid_t pid[8];
     fflush(NULL);
     for (int r = 0; r < nranks; r++) {
