@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "algos/comm.h"
+#include "algos/engine.h"
 #include "common/env.h"
 #include "common/error.h"
 
@@ -52,7 +53,7 @@
 #define WATCH_PERIOD_NS 20000000L
 #define WATCH_LIMIT_NS 1000000000ull
 
-static const char *kind_name(terse__op_kind k) {
+const char *terse__engine_kind_name(terse__op_kind k) {
     switch (k) {
     case TERSE__OP_ALLREDUCE: return "terse_allreduce";
     case TERSE__OP_BROADCAST: return "terse_broadcast";
@@ -83,7 +84,7 @@ static terse_status run_op(terse_comm *c, terse_request *r, int *keep_usable) {
 }
 
 /* A recorded sentence without its leading status name, for quoting. */
-static const char *unprefixed(const char *e) {
+const char *terse__engine_unprefixed(const char *e) {
     const char *colon = strstr(e, ": ");
     return strncmp(e, "TERSE_", 6) == 0 && colon ? colon + 2 : e;
 }
@@ -95,14 +96,14 @@ static terse_status not_run(terse_comm *c, terse_request *r) {
         return TERSE_ERROR(TERSE_ERR_ABORTED,
                            "%s on rank %d: the communicator was aborted (terse_comm_abort) "
                            "before this request ran",
-                           kind_name(r->kind), c->rank);
+                           terse__engine_kind_name(r->kind), c->rank);
     pthread_mutex_lock(&c->lock);
     terse_status s = c->fail_status ? c->fail_status : TERSE_ERR_INVALID;
     char why[512];
-    snprintf(why, sizeof why, "%s", unprefixed(c->failure));
+    snprintf(why, sizeof why, "%s", terse__engine_unprefixed(c->failure));
     pthread_mutex_unlock(&c->lock);
     return TERSE_ERROR(s, "%s on rank %d: not run, an earlier request failed: %s",
-                       kind_name(r->kind), c->rank, why);
+                       terse__engine_kind_name(r->kind), c->rank, why);
 }
 
 static int comm_broken(terse_comm *c) {
@@ -117,7 +118,7 @@ static int comm_broken(terse_comm *c) {
  * nothing posted. */
 static terse_status run_one(terse_comm *c, terse_request *r) {
     if (comm_broken(c)) return not_run(c, r);
-    terse_status s = terse__comm_begin(c, kind_name(r->kind));
+    terse_status s = terse__comm_begin(c, terse__engine_kind_name(r->kind));
     if (s != TERSE_OK) return s;
     int keep_usable = 0;
     s = terse__comm_check_alive(c);
@@ -272,7 +273,7 @@ static terse_request *take(terse_comm *c) {
 }
 
 /* Lock held on entry and exit; released while r runs. */
-static void execute_unlocked(terse_comm *c, terse_request *r) {
+void terse__engine_execute_unlocked(terse_comm *c, terse_request *r) {
     pthread_mutex_unlock(&c->lock);
     execute(c, r);
     pthread_mutex_lock(&c->lock);
@@ -289,7 +290,7 @@ static void *progress_main(void *arg) {
     for (;;) {
         terse_request *r = c->busy ? NULL : take(c);
         if (r) {
-            execute_unlocked(c, r);
+            terse__engine_execute_unlocked(c, r);
             continue;
         }
         if (c->stop) break;
@@ -299,7 +300,7 @@ static void *progress_main(void *arg) {
     return NULL;
 }
 
-static void enqueue(terse_comm *c, terse_request *r) {
+void terse__engine_enqueue(terse_comm *c, terse_request *r) {
     r->next = NULL;
     if (c->q_tail) c->q_tail->next = r;
     else c->q_head = r;
@@ -307,7 +308,7 @@ static void enqueue(terse_comm *c, terse_request *r) {
     pthread_cond_signal(&c->work);
 }
 
-static int is_done(const terse_request *r) {
+int terse__engine_is_done(const terse_request *r) {
     return atomic_load_explicit(&r->done, memory_order_acquire);
 }
 
@@ -368,16 +369,16 @@ static void watchdog(terse_comm *c) {
 
 /* Until r is done: sleep while another executor works, else (caller
  * mode, or the thread is gone) run the queue head ourselves. Lock held. */
-static void drive(terse_comm *c, terse_request *r) {
+void terse__engine_drive(terse_comm *c, terse_request *r) {
     c->waiters++;
-    while (!is_done(r)) {
+    while (!terse__engine_is_done(r)) {
         if (c->busy || (c->has_thread && !c->stop)) {
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
             until.tv_nsec += WATCH_PERIOD_NS;
             if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
             pthread_cond_timedwait(&c->idle, &c->lock, &until);
-            if (!is_done(r) && c->busy) watchdog(c);
+            if (!terse__engine_is_done(r) && c->busy) watchdog(c);
             continue;
         }
         terse_request *h = take(c);
@@ -387,7 +388,7 @@ static void drive(terse_comm *c, terse_request *r) {
                                           c->rank));
             break;
         }
-        execute_unlocked(c, h);
+        terse__engine_execute_unlocked(c, h);
     }
     if (--c->waiters == 0 && c->stop) pthread_cond_broadcast(&c->idle);
 }
@@ -409,7 +410,7 @@ terse_status terse__engine_init(terse_comm *c) {
 }
 
 /* Members of a group that never ended; lock held. */
-static void drop_open_group(terse_comm *c) {
+void terse__engine_drop_open_group(terse_comm *c) {
     for (terse_request *m = c->group_head, *next; m; m = next) {
         next = m->next;
         m->in_group = 0;
@@ -423,7 +424,7 @@ static void drop_open_group(terse_comm *c) {
 
 /* Requests still in flight are aborted (a free is not collective: the
  * others cannot be waited for); then the thread stops, the queue empties,
- * and we wait until no other thread is inside drive() before anything is
+ * and we wait until no other thread is inside terse__engine_drive() before anything is
  * destroyed. */
 void terse__engine_shutdown(terse_comm *c) {
     if (!c->engine_ready) return;
@@ -440,7 +441,7 @@ void terse__engine_shutdown(terse_comm *c) {
         pthread_detach(c->thread);
         c->has_thread = 0;
         pthread_mutex_lock(&c->lock);
-        drop_open_group(c);
+        terse__engine_drop_open_group(c);
         pthread_mutex_unlock(&c->lock);
         return;
     }
@@ -449,8 +450,8 @@ void terse__engine_shutdown(terse_comm *c) {
     pthread_mutex_lock(&c->lock);
     while (c->busy) pthread_cond_wait(&c->idle, &c->lock); /* a caller-mode executor */
     terse_request *r;
-    while ((r = take(c)) != NULL) execute_unlocked(c, r);
-    drop_open_group(c);
+    while ((r = take(c)) != NULL) terse__engine_execute_unlocked(c, r);
+    terse__engine_drop_open_group(c);
     pthread_cond_broadcast(&c->idle);
     while (c->waiters > 0) pthread_cond_wait(&c->idle, &c->lock);
     pthread_mutex_unlock(&c->lock);
@@ -459,307 +460,3 @@ void terse__engine_shutdown(terse_comm *c) {
     c->engine_ready = 0;
 }
 
-/* ---------------------------------------------------------------- public */
-
-/* The checks every start shares. A bad argument refuses this and every
- * later start (the other ranks run a collective this rank does not, which
- * cannot end well) while requests already started still run: whether they
- * had begun must not depend on this rank's thread timing, since the other
- * ranks run them too. Freeing the communicator then tells the others this
- * rank is gone. */
-static terse_status admit(terse_comm *c, const char *what, terse_status arg_check) {
-    if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: communicator is NULL", what);
-    if (c->pid != getpid())
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "%s: the communicator of rank %d was used in a child process forked "
-                           "after terse_comm_init; only the process that created it may use it",
-                           what, c->rank);
-    if (atomic_load(&c->aborted))
-        return TERSE_ERROR(TERSE_ERR_ABORTED,
-                           "%s on rank %d: the communicator was aborted (terse_comm_abort); "
-                           "it can only be freed",
-                           what, c->rank);
-    pthread_mutex_lock(&c->lock);
-    terse_status s = TERSE_OK;
-    if (c->failed || c->refusing) {
-        s = TERSE_ERROR(TERSE_ERR_INVALID, "%s on rank %d: communicator failed earlier: %s",
-                        what, c->rank, unprefixed(c->failure));
-    } else if (arg_check != TERSE_OK) {
-        s = arg_check;
-        c->refusing = 1;
-        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
-    }
-    pthread_mutex_unlock(&c->lock);
-    return s;
-}
-
-/* A start that could not be carried out after admission (no request
- * pointer, no memory): this rank skips a collective the others run, so
- * refuse from now on, like a bad argument. */
-static terse_status refuse(terse_comm *c, terse_status s) {
-    pthread_mutex_lock(&c->lock);
-    if (!c->refusing && !c->failed) {
-        c->refusing = 1;
-        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
-    }
-    pthread_mutex_unlock(&c->lock);
-    return s;
-}
-
-/* Queue r (or add it to the open group); lock not held. */
-static void submit(terse_comm *c, terse_request *r) {
-    pthread_mutex_lock(&c->lock);
-    c->inflight++;
-    if (c->group_depth > 0) {
-        r->in_group = 1;
-        r->next = NULL;
-        if (c->group_tail) c->group_tail->next = r;
-        else c->group_head = r;
-        c->group_tail = r;
-    } else {
-        enqueue(c, r);
-    }
-    pthread_mutex_unlock(&c->lock);
-}
-
-static terse_status start(terse_comm *c, const terse_request *tmpl, terse_request **out) {
-    if (!out)
-        return refuse(c, TERSE_ERROR(TERSE_ERR_INVALID, "%s_start on rank %d: request pointer is "
-                                                        "NULL", kind_name(tmpl->kind), c->rank));
-    *out = NULL;
-    terse_request *r = malloc(sizeof *r);
-    if (!r)
-        return refuse(c, TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for a request",
-                                     c->rank));
-    memcpy(r, tmpl, sizeof *r);
-    submit(c, r);
-    *out = r;
-    return TERSE_OK;
-}
-
-/* A blocking call: inline when the engine is idle, else queued and waited
- * for (a stack request: nothing allocated). */
-static terse_status run_blocking(terse_comm *c, terse_request *r) {
-    pthread_mutex_lock(&c->lock);
-    if (c->group_depth > 0) {
-        pthread_mutex_unlock(&c->lock);
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "%s on rank %d: blocking call inside a group; use the _start form",
-                           kind_name(r->kind), c->rank);
-    }
-    c->inflight++;
-    if (!c->busy && !c->q_head && !c->watched) {
-        c->busy = 1;
-        c->running = r;
-        execute_unlocked(c, r);
-    } else {
-        enqueue(c, r);
-        drive(c, r);
-    }
-    pthread_mutex_unlock(&c->lock);
-    if (r->status != TERSE_OK) terse__error_restore(r->error);
-    return r->status;
-}
-
-static terse_request make(terse_comm *c, terse__op_kind kind) {
-    terse_request r;
-    memset(&r, 0, sizeof r);
-    r.comm = c;
-    r.kind = kind;
-    r.pid = c->pid; /* kept in the request: it may outlive the communicator */
-    return r;
-}
-
-terse_status terse_allreduce_start(terse_comm *c, float *buf, size_t n, terse_codec *codec,
-                                   terse_op op, terse_request **req) {
-    if (req) *req = NULL;
-    TERSE_CHECK(admit(c, "terse_allreduce",
-                      c ? terse__allreduce_check(c, buf, n, codec, op) : TERSE_OK));
-    terse_request r = make(c, TERSE__OP_ALLREDUCE);
-    r.a.ar.buf = buf, r.a.ar.n = n, r.a.ar.codec = codec, r.a.ar.op = op;
-    return start(c, &r, req);
-}
-
-terse_status terse_allreduce(terse_comm *c, float *buf, size_t n, terse_codec *codec,
-                             terse_op op) {
-    TERSE_CHECK(admit(c, "terse_allreduce",
-                      c ? terse__allreduce_check(c, buf, n, codec, op) : TERSE_OK));
-    terse_request r = make(c, TERSE__OP_ALLREDUCE);
-    r.a.ar.buf = buf, r.a.ar.n = n, r.a.ar.codec = codec, r.a.ar.op = op;
-    return run_blocking(c, &r);
-}
-
-terse_status terse_broadcast_start(terse_comm *c, void *buf, size_t bytes, int root,
-                                   terse_request **req) {
-    if (req) *req = NULL;
-    TERSE_CHECK(admit(c, "terse_broadcast",
-                      c ? terse__broadcast_check(c, buf, bytes, root) : TERSE_OK));
-    terse_request r = make(c, TERSE__OP_BROADCAST);
-    r.a.bc.buf = buf, r.a.bc.bytes = bytes, r.a.bc.root = root;
-    return start(c, &r, req);
-}
-
-terse_status terse_broadcast(terse_comm *c, void *buf, size_t bytes, int root) {
-    TERSE_CHECK(admit(c, "terse_broadcast",
-                      c ? terse__broadcast_check(c, buf, bytes, root) : TERSE_OK));
-    terse_request r = make(c, TERSE__OP_BROADCAST);
-    r.a.bc.buf = buf, r.a.bc.bytes = bytes, r.a.bc.root = root;
-    return run_blocking(c, &r);
-}
-
-static terse_request allgather_req(terse_comm *c, const void *send, size_t send_bytes,
-                                   void *recv, size_t recv_cap, size_t *counts) {
-    terse_request r = make(c, TERSE__OP_ALLGATHER);
-    r.a.ag.send = send, r.a.ag.send_bytes = send_bytes, r.a.ag.recv = recv;
-    r.a.ag.recv_cap = recv_cap, r.a.ag.counts = counts;
-    return r;
-}
-
-terse_status terse_allgather_start(terse_comm *c, const void *send, size_t send_bytes, void *recv,
-                                   size_t recv_cap, size_t *counts, terse_request **req) {
-    if (req) *req = NULL;
-    TERSE_CHECK(admit(c, "terse_allgather",
-                      c ? terse__allgather_check(c, send, send_bytes, recv, recv_cap) : TERSE_OK));
-    terse_request r = allgather_req(c, send, send_bytes, recv, recv_cap, counts);
-    return start(c, &r, req);
-}
-
-terse_status terse_allgather(terse_comm *c, const void *send, size_t send_bytes, void *recv,
-                             size_t recv_cap, size_t *counts) {
-    TERSE_CHECK(admit(c, "terse_allgather",
-                      c ? terse__allgather_check(c, send, send_bytes, recv, recv_cap) : TERSE_OK));
-    terse_request r = allgather_req(c, send, send_bytes, recv, recv_cap, counts);
-    return run_blocking(c, &r);
-}
-
-terse_status terse_barrier_start(terse_comm *c, terse_request **req) {
-    if (req) *req = NULL;
-    TERSE_CHECK(admit(c, "terse_barrier", TERSE_OK));
-    terse_request r = make(c, TERSE__OP_BARRIER);
-    return start(c, &r, req);
-}
-
-terse_status terse_barrier(terse_comm *c) {
-    TERSE_CHECK(admit(c, "terse_barrier", TERSE_OK));
-    terse_request r = make(c, TERSE__OP_BARRIER);
-    return run_blocking(c, &r);
-}
-
-terse_status terse_group_start(terse_comm *c) {
-    TERSE_CHECK(admit(c, "terse_group_start", TERSE_OK));
-    pthread_mutex_lock(&c->lock);
-    c->group_depth++;
-    pthread_mutex_unlock(&c->lock);
-    return TERSE_OK;
-}
-
-terse_status terse_group_end(terse_comm *c) {
-    if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_group_end: communicator is NULL");
-    if (c->pid != getpid() || atomic_load(&c->aborted)) return admit(c, "terse_group_end", 0);
-    pthread_mutex_lock(&c->lock);
-    if (c->group_depth == 0) {
-        pthread_mutex_unlock(&c->lock);
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "terse_group_end on rank %d without terse_group_start", c->rank);
-    }
-    terse_status s = TERSE_OK;
-    if (--c->group_depth == 0 && c->group_head) {
-        terse_request *g = calloc(1, sizeof *g);
-        if (!g) {
-            /* Its members can never run here: fail them, refuse later starts. */
-            s = TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory to end a group", c->rank);
-            drop_open_group(c);
-            if (!c->refusing && !c->failed) {
-                c->refusing = 1;
-                snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
-            }
-        } else {
-            g->comm = c;
-            g->kind = TERSE__OP_GROUP;
-            g->members = c->group_head;
-            for (terse_request *m = g->members; m; m = m->next) m->in_group = 0;
-            c->group_head = c->group_tail = NULL;
-            enqueue(c, g);
-        }
-    }
-    pthread_mutex_unlock(&c->lock);
-    return s;
-}
-
-/* A request of a communicator created by another process (a fork). */
-static int foreign(const terse_request *r) { return r->pid != getpid(); }
-
-static terse_status foreign_error(const char *what) {
-    return TERSE_ERROR(TERSE_ERR_INVALID,
-                       "%s: the request belongs to a communicator of the parent process "
-                       "(this process was forked after terse_comm_init)",
-                       what);
-}
-
-terse_status terse_request_test(terse_request *r, int *done) {
-    if (!r || !done) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_request_test: NULL argument");
-    *done = 0;
-    if (foreign(r)) return foreign_error("terse_request_test");
-    if (!is_done(r)) {
-        terse_comm *c = r->comm;
-        pthread_mutex_lock(&c->lock);
-        int open = r->in_group;
-        if (!open && !c->has_thread) drive(c, r);
-        pthread_mutex_unlock(&c->lock);
-        if (open)
-            return TERSE_ERROR(TERSE_ERR_INVALID,
-                               "terse_request_test on rank %d: the request's group has not "
-                               "ended (terse_group_end)", c->rank);
-        if (!is_done(r)) return TERSE_OK;
-    }
-    *done = 1;
-    if (r->status != TERSE_OK) terse__error_restore(r->error);
-    return r->status;
-}
-
-terse_status terse_request_wait(terse_request *r) {
-    if (!r) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_request_wait: request is NULL");
-    if (foreign(r)) return foreign_error("terse_request_wait");
-    if (!is_done(r)) {
-        terse_comm *c = r->comm;
-        pthread_mutex_lock(&c->lock);
-        int open = r->in_group;
-        if (!open) drive(c, r);
-        pthread_mutex_unlock(&c->lock);
-        if (open)
-            return TERSE_ERROR(TERSE_ERR_INVALID,
-                               "terse_request_wait on rank %d: the request's group has not "
-                               "ended (terse_group_end); waiting would never return", c->rank);
-    }
-    if (r->status != TERSE_OK) terse__error_restore(r->error);
-    return r->status;
-}
-
-void terse_request_free(terse_request *r) {
-    if (!r) return;
-    if (foreign(r)) return; /* the parent's: not ours to free or wait for */
-    if (!is_done(r)) {
-        terse_comm *c = r->comm;
-        pthread_mutex_lock(&c->lock);
-        if (r->in_group) {
-            /* Its group has not ended: the others will still run it, so
-             * it stays queued and is freed once it has run. */
-            r->orphan = 1;
-            pthread_mutex_unlock(&c->lock);
-            return;
-        }
-        drive(c, r);
-        pthread_mutex_unlock(&c->lock);
-    }
-    free(r);
-}
-
-void terse_comm_abort(terse_comm *c) {
-    if (!c || c->pid != getpid()) return;
-    atomic_store(&c->aborted, 1);
-    if (!c->engine_ready) return;
-    pthread_mutex_lock(&c->lock);
-    pthread_cond_broadcast(&c->work);
-    pthread_cond_broadcast(&c->idle);
-    pthread_mutex_unlock(&c->lock);
-}

@@ -49,7 +49,8 @@ static void rank_main(int r, int nranks, const char *addr, int timeout_ms, unsig
     cfg.token = "shm-faults-trial-token", cfg.timeout_ms = timeout_ms;
     terse_comm *c = NULL;
     terse_status s = terse_comm_init(&cfg, &c);
-    if (s != TERSE_OK) {
+    if (s != TERSE_OK) { /* the victim may die while a survivor still finishes init */
+        o->end_ms = plain_now_ms();
         o->status = (int)s;
         snprintf(o->err, sizeof o->err, "init: %s", terse_last_error());
         o->finished = 1;
