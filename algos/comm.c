@@ -143,7 +143,7 @@ out:
  * random nonce through the store, and the fabric derives a key for every
  * ordered pair from the token and the two nonces (fabric_mac.c). */
 static terse_status setup_wire(terse_comm *c, const char *token, uint64_t deadline) {
-    int mac = c->params.wire == 2 || (c->params.wire == 0 && strcmp(c->provider, "shm") != 0);
+    int mac = c->params.wire >= 2 || (c->params.wire == 0 && strcmp(c->provider, "shm") != 0);
     c->wire_mac = mac;
     if (!mac) return TERSE_OK;
     uint8_t mine[TERSE__WIRE_NONCE];
@@ -152,7 +152,7 @@ static terse_status setup_wire(terse_comm *c, const char *token, uint64_t deadli
     uint8_t *all = malloc((size_t)c->nranks * sizeof mine);
     if (!all) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating wire nonces", c->rank);
     terse_status s = terse__store_allgather(c->store, mine, sizeof mine, all, left_ms(c, deadline));
-    if (s == TERSE_OK) s = terse__fabric_set_keys(c->fabric, token, all);
+    if (s == TERSE_OK) s = terse__fabric_set_keys(c->fabric, token, all, c->params.wire == 3);
     free(all);
     return s;
 }

@@ -78,7 +78,7 @@ typedef struct terse__params {
     size_t ring_chunk_bytes; /* TERSE_RING_CHUNK_BYTES, default 512 KiB */
     size_t chunk_bytes;      /* TERSE_CHUNK_BYTES (transport), default 1 MiB */
     int progress_caller;     /* TERSE_PROGRESS=caller (rank-local: not agreed) */
-    size_t wire;             /* TERSE_WIRE: 0 auto, 1 none, 2 mac (agreed) */
+    size_t wire;             /* TERSE_WIRE: 0 auto, 1 none, 2 mac, 3 encrypt (agreed) */
 } terse__params;
 
 /* Read them (a malformed value fails with TERSE_ERR_INVALID). */

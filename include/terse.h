@@ -520,14 +520,18 @@ typedef struct terse_comm terse_comm;
  *   TERSE_RING_CHUNK_BYTES  ring pipeline chunk (default 512 KiB).
  *   TERSE_RD_MAX_BYTES      dense buffers up to this size use recursive
  *                           doubling instead of the ring (default 64 KiB).
- *   TERSE_WIRE              auto (default) | mac | none. mac: every data
+ *   TERSE_WIRE              auto (default) | mac | encrypt | none. mac: every data
  *                           chunk carries a 16-byte Poly1305 tag under
  *                           per-pair keys; a chunk that fails is dropped
  *                           and counted (stats.auth_failures) and, if the
  *                           real one never comes, the call fails with
  *                           TERSE_ERR_AUTH naming the peer. auto = mac on
  *                           tcp, verbs and efa, none on shm (its regions
- *                           are private to the user). Compared at init.
+ *                           are private to the user). encrypt: mac, and the
+ *                           bytes are ChaCha20-encrypted too (sends pass
+ *                           through 16 staging buffers of one chunk each;
+ *                           not with providers that need registered
+ *                           buffers). Compared at init.
  *   TERSE_PROGRESS          thread (default) | caller: see Progress below.
  *   TERSE_FABRIC_REGISTER=1 register every buffer even when the provider
  *                           does not require it (for testing).

@@ -129,10 +129,14 @@ int terse__fabric_is_abandoned(const terse__fabric *f);
 #define TERSE__WIRE_MAC 16   /* bytes of GMAC after every chunk */
 #define TERSE__WIRE_NONCE 32 /* random bytes each rank publishes at init */
 
-/* From now on every chunk carries a GMAC under per-pair keys derived from
- * token and every rank's nonce (nranks x TERSE__WIRE_NONCE bytes, rank
- * order). Call after set_peers and before any message; every rank must. */
-terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const uint8_t *nonces);
+/* From now on every chunk carries a Poly1305 tag under per-pair keys
+ * derived from token and every rank's nonce (nranks x TERSE__WIRE_NONCE
+ * bytes, rank order); with encrypt, its bytes are also encrypted
+ * (ChaCha20), through a bounded pool of staging buffers on the send side
+ * and in place on the receive side. Call after set_peers and before any
+ * message; every rank must, alike. */
+terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const uint8_t *nonces,
+                                    int encrypt);
 /* The high bits of the collective sequence number, which the tag leaves
  * out; bound into every MAC so that a chunk replayed 2^20 phases later
  * fails. Every rank sets the same value at the same point. */

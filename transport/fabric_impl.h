@@ -61,7 +61,8 @@ typedef struct terse__fabric_slot {
     terse__fabric_op *op;
     size_t chunk;
     struct terse__fabric_slot *next_free;
-    uint8_t mac[TERSE__WIRE_MAC]; /* the chunk's GMAC, sent or received as a 2nd iov */
+    uint8_t mac[TERSE__WIRE_MAC]; /* the chunk's tag, sent or received as a 2nd iov */
+    uint8_t *stage;               /* encrypt: the ciphertext of a send being posted */
 } terse__fabric_slot;
 
 typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
@@ -118,8 +119,11 @@ struct terse__fabric {
      * for each direction, dropped chunks per peer, the epoch, the slot
      * array's registration (the MACs live there), receives to post again
      * after a forged chunk consumed them, and the tests' tamper hook. */
-    int mac;
+    int mac, encrypt;
     EVP_CIPHER_CTX **tx_ctx, **rx_ctx;
+    uint8_t **stage_free; /* encrypt: free staging buffers (a stack) */
+    size_t nstage_free, nstage;
+    void *stage_mem;
     uint64_t *auth_fail;
     uint32_t epoch;
     struct fid_mr *slots_mr;
@@ -161,6 +165,12 @@ int terse__fabric_mac(terse__fabric *f, const terse__fabric_req *r, size_t chunk
                       const uint8_t *p, size_t n, uint8_t out[TERSE__WIRE_MAC]);
 int terse__fabric_mac_ok(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
                          const uint8_t *p, size_t n, const uint8_t *got);
+/* encrypt: ciphertext of p[0..n) into out and its tag; and decryption in
+ * place, 1 only if the tag checks (the bytes are garbage otherwise). */
+int terse__fabric_seal(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
+                       const uint8_t *p, size_t n, uint8_t *out, uint8_t tag[TERSE__WIRE_MAC]);
+int terse__fabric_open_sealed(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
+                              uint8_t *p, size_t n, const uint8_t *tag);
 void terse__fabric_free_keys(terse__fabric *f);
 
 /* fabric_msg.c: drop every request's state (close calls it after the

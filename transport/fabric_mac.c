@@ -67,19 +67,36 @@ static terse_status key_for(const char *token, const uint8_t *nonces, int s, int
     return hkdf(token, salt, sizeof salt, info, sizeof info, key);
 }
 
-static EVP_CIPHER_CTX *aead_ctx(const uint8_t key[32]) {
+static EVP_CIPHER_CTX *aead_ctx(const uint8_t key[32], int decrypt) {
     EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
     if (!x) return NULL;
-    if (EVP_EncryptInit_ex(x, EVP_chacha20_poly1305(), NULL, NULL, NULL) != 1 ||
+    if (EVP_CipherInit_ex(x, EVP_chacha20_poly1305(), NULL, NULL, NULL, !decrypt) != 1 ||
         EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_SET_IVLEN, 12, NULL) != 1 ||
-        EVP_EncryptInit_ex(x, NULL, NULL, key, NULL) != 1) {
+        EVP_CipherInit_ex(x, NULL, NULL, key, NULL, !decrypt) != 1) {
         EVP_CIPHER_CTX_free(x);
         return NULL;
     }
     return x;
 }
 
-terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const uint8_t *nonces) {
+/* encrypt: the send side's staging buffers, one chunk each. As many as a
+ * request's window, twice: enough to keep two requests' pipelines full;
+ * a send that finds none waits for one to come back, like a full queue. */
+static terse_status make_stages(terse__fabric *f) {
+    f->nstage = 2 * TERSE__FABRIC_WINDOW;
+    f->stage_mem = malloc(f->nstage * f->chunk_bytes);
+    f->stage_free = calloc(f->nstage, sizeof *f->stage_free);
+    if (!f->stage_mem || !f->stage_free)
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for %zu encryption buffers of %zu "
+                                            "bytes", f->rank, f->nstage, f->chunk_bytes);
+    for (size_t i = 0; i < f->nstage; i++)
+        f->stage_free[i] = (uint8_t *)f->stage_mem + i * f->chunk_bytes;
+    f->nstage_free = f->nstage;
+    return TERSE_OK;
+}
+
+terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const uint8_t *nonces,
+                                    int encrypt) {
     if (!f || !token || !*token || !nonces)
         return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_set_keys: NULL argument or empty token");
     size_t N = (size_t)f->nranks;
@@ -92,16 +109,22 @@ terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const u
     terse_status st = TERSE_OK;
     for (size_t p = 0; p < N && st == TERSE_OK; p++) {
         st = key_for(token, nonces, f->rank, (int)p, key);
-        if (st == TERSE_OK && !(f->tx_ctx[p] = aead_ctx(key))) st = TERSE_ERR_INTERNAL;
+        if (st == TERSE_OK && !(f->tx_ctx[p] = aead_ctx(key, 0))) st = TERSE_ERR_INTERNAL;
         if (st == TERSE_OK) st = key_for(token, nonces, (int)p, f->rank, key);
-        if (st == TERSE_OK && !(f->rx_ctx[p] = aead_ctx(key))) st = TERSE_ERR_INTERNAL;
+        if (st == TERSE_OK && !(f->rx_ctx[p] = aead_ctx(key, encrypt))) st = TERSE_ERR_INTERNAL;
     }
     OPENSSL_cleanse(key, sizeof key);
     if (st != TERSE_OK)
         return TERSE_ERROR(TERSE_ERR_INTERNAL,
                            "rank %d: setting up ChaCha20-Poly1305 wire keys failed",
                            f->rank);
+    if (encrypt && f->register_mr)
+        return TERSE_ERROR(TERSE_ERR_UNSUPPORTED,
+                           "rank %d: TERSE_WIRE=encrypt is not built for providers that need "
+                           "registered buffers (%s)", f->rank, f->provider);
+    if (encrypt) TERSE_CHECK(make_stages(f));
     f->mac = 1;
+    f->encrypt = encrypt;
     return TERSE_OK;
 }
 
@@ -113,8 +136,57 @@ void terse__fabric_free_keys(terse__fabric *f) {
     free(f->tx_ctx);
     free(f->rx_ctx);
     free(f->auth_fail);
+    free(f->stage_mem);
+    free(f->stage_free);
+    f->stage_mem = NULL;
+    f->stage_free = NULL;
     f->tx_ctx = f->rx_ctx = NULL;
     f->auth_fail = NULL;
+}
+
+/* The nonce and the associated length of chunk i of r. */
+static void nonce_of(const terse__fabric_req *r, size_t chunk, uint8_t iv[12], uint8_t len[8]) {
+    uint64_t t = r->tag & (((uint64_t)1 << TERSE__TAG_BITS) - 1);
+    for (int i = 0; i < 6; i++) iv[i] = (uint8_t)(t >> (8 * i));
+    iv[6] = (uint8_t)chunk;
+    iv[7] = (uint8_t)(chunk >> 8);
+    terse__put_u32(iv + 8, r->epoch);
+    terse__put_u64(len, (uint64_t)r->len);
+}
+
+/* EVP takes int lengths: run one update over n bytes in pieces. */
+static int update(EVP_CIPHER_CTX *x, uint8_t *out, const uint8_t *in, size_t n) {
+    int outl = 0;
+    for (size_t off = 0; off < n; off += 1u << 30) {
+        size_t m = n - off < (1u << 30) ? n - off : (1u << 30);
+        if (EVP_CipherUpdate(x, out ? out + off : NULL, &outl, in + off, (int)m) != 1) return 0;
+    }
+    return 1;
+}
+
+int terse__fabric_seal(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
+                       const uint8_t *p, size_t n, uint8_t *out, uint8_t tag[TERSE__WIRE_MAC]) {
+    EVP_CIPHER_CTX *x = f->tx_ctx[r->peer];
+    uint8_t iv[12], len[8];
+    nonce_of(r, chunk, iv, len);
+    int outl = 0;
+    return EVP_EncryptInit_ex(x, NULL, NULL, NULL, iv) == 1 &&
+           EVP_EncryptUpdate(x, NULL, &outl, len, sizeof len) == 1 && update(x, out, p, n) &&
+           EVP_EncryptFinal_ex(x, NULL, &outl) == 1 &&
+           EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, TERSE__WIRE_MAC, tag) == 1;
+}
+
+int terse__fabric_open_sealed(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
+                              uint8_t *p, size_t n, const uint8_t *tag) {
+    EVP_CIPHER_CTX *x = f->rx_ctx[r->peer];
+    uint8_t iv[12], len[8], t[TERSE__WIRE_MAC];
+    nonce_of(r, chunk, iv, len);
+    memcpy(t, tag, sizeof t);
+    int outl = 0;
+    return EVP_DecryptInit_ex(x, NULL, NULL, NULL, iv) == 1 &&
+           EVP_DecryptUpdate(x, NULL, &outl, len, sizeof len) == 1 && update(x, p, p, n) &&
+           EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_SET_TAG, TERSE__WIRE_MAC, t) == 1 &&
+           EVP_DecryptFinal_ex(x, NULL, &outl) == 1;
 }
 
 /* The tag of chunk i of request r (see the top of the file). */
@@ -122,12 +194,7 @@ int terse__fabric_mac(terse__fabric *f, const terse__fabric_req *r, size_t chunk
                       const uint8_t *p, size_t n, uint8_t out[TERSE__WIRE_MAC]) {
     EVP_CIPHER_CTX *x = r->is_send ? f->tx_ctx[r->peer] : f->rx_ctx[r->peer];
     uint8_t iv[12], len[8];
-    uint64_t t = r->tag & (((uint64_t)1 << TERSE__TAG_BITS) - 1);
-    for (int i = 0; i < 6; i++) iv[i] = (uint8_t)(t >> (8 * i));
-    iv[6] = (uint8_t)chunk;
-    iv[7] = (uint8_t)(chunk >> 8);
-    terse__put_u32(iv + 8, r->epoch);
-    terse__put_u64(len, (uint64_t)r->len);
+    nonce_of(r, chunk, iv, len);
     int outl = 0;
     int ok = EVP_EncryptInit_ex(x, NULL, NULL, NULL, iv) == 1 &&
              EVP_EncryptUpdate(x, NULL, &outl, len, sizeof len) == 1;

@@ -124,6 +124,10 @@ static void op_put(terse__fabric *f, terse__fabric_op *op) {
 
 void terse__fabric_release_ops(terse__fabric *f) {
     f->repost = NULL; /* their ops go now */
+    for (size_t i = 0; f->stage_mem && i < f->tx_slots + f->rx_slots; i++) f->slots[i].stage = NULL;
+    for (size_t i = 0; f->stage_mem && i < f->nstage; i++)
+        f->stage_free[i] = (uint8_t *)f->stage_mem + i * f->chunk_bytes;
+    if (f->stage_mem) f->nstage_free = f->nstage;
     while (f->active_head) op_put(f, f->active_head);
     while (f->op_free) {
         terse__fabric_op *op = f->op_free;
@@ -170,18 +174,31 @@ static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_sl
     size_t n = chunk_len(op, i);
     uint8_t *p = r->buf ? r->buf + i * op->chunk_bytes : NULL;
     uint64_t tag = r->tag | ((uint64_t)i << TERSE__TAG_BITS);
+    uint8_t *stage = NULL;
+    if (f->encrypt && r->is_send) { /* the ciphertext goes out of a staging buffer */
+        if (n > f->chunk_bytes) return -FI_EMSGSIZE; /* chunks grew past 2^16 per message */
+        if (!f->nstage_free) return -FI_EAGAIN;
+        stage = f->stage_free[--f->nstage_free];
+    }
     s->op = op;
     s->chunk = i;
+    s->stage = stage;
     ssize_t ret;
     terse__fabric_enter(f, r->peer, r->is_send ? "fi_tsend" : "fi_trecv");
     if (!f->mac) {
         ret = r->is_send ? fi_tsend(f->ep, p, n, op->desc, f->addrs[r->peer], tag, &s->ctx)
                          : fi_trecv(f->ep, p, n, op->desc, f->addrs[r->peer], tag, 0, &s->ctx);
     } else {
-        if (r->is_send && !terse__fabric_mac(f, r, i, p, n, s->mac)) {
+        int sealed = !r->is_send ? 1
+                     : stage     ? terse__fabric_seal(f, r, i, p, n, stage, s->mac)
+                                 : terse__fabric_mac(f, r, i, p, n, s->mac);
+        if (!sealed) {
             terse__fabric_leave(f);
+            if (stage) f->stage_free[f->nstage_free++] = stage, s->stage = NULL;
+            s->op = NULL;
             return -FI_EOTHER;
         }
+        if (stage) p = stage;
         if (r->is_send && f->tamper_every && ++f->tamper_count % f->tamper_every == 0)
             s->mac[0] ^= 0x5a; /* tests: a relay that flips bits */
         struct iovec iov[2] = {{p, n}, {s->mac, TERSE__WIRE_MAC}};
@@ -193,6 +210,11 @@ static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_sl
                               &s->ctx);
     }
     terse__fabric_leave(f);
+    if (ret != 0 && stage) { /* not posted: the staging buffer goes back */
+        f->stage_free[f->nstage_free++] = stage;
+        s->stage = NULL;
+    }
+    if (ret != 0) s->op = NULL;
     return ret;
 }
 
@@ -257,8 +279,12 @@ static int try_inject(terse__fabric *f, terse__fabric_req *r, terse_status *st) 
     uint8_t stage[INJECT_STAGE + TERSE__WIRE_MAC];
     const void *src = r->len ? r->buf : &none;
     if (extra) { /* bytes || MAC, one contiguous message the receiver scatters */
-        if (r->len) memcpy(stage, r->buf, r->len);
-        if (!terse__fabric_mac(f, r, 0, r->buf, r->len, stage + r->len)) return 0;
+        if (f->encrypt) {
+            if (!terse__fabric_seal(f, r, 0, r->buf, r->len, stage, stage + r->len)) return 0;
+        } else {
+            if (r->len) memcpy(stage, r->buf, r->len);
+            if (!terse__fabric_mac(f, r, 0, r->buf, r->len, stage + r->len)) return 0;
+        }
         if (f->tamper_every && ++f->tamper_count % f->tamper_every == 0) stage[r->len] ^= 0x5a;
         src = stage;
     }
@@ -352,6 +378,10 @@ terse_status terse__fabric_irecv(terse__fabric *f, int peer, uint64_t tag, void 
 static void slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send) {
     terse__fabric_slot **pool = is_send ? &f->tx_free : &f->rx_free;
     s->op = NULL; /* not posted: quiesce cancels only slots with an op */
+    if (s->stage) { /* encrypt: a send's staging buffer is free again */
+        f->stage_free[f->nstage_free++] = s->stage;
+        s->stage = NULL;
+    }
     s->next_free = *pool;
     *pool = s;
 }
@@ -381,8 +411,10 @@ static terse_status complete(terse__fabric *f, terse__fabric_slot *s, size_t got
     size_t want = chunk_len(op, s->chunk);
     if (f->mac && !r->is_send) {
         const uint8_t *p = r->buf ? r->buf + s->chunk * op->chunk_bytes : NULL;
-        if (got != want + TERSE__WIRE_MAC || !terse__fabric_mac_ok(f, r, s->chunk, p, want, s->mac))
-            return drop_forged(f, s, got);
+        int ok = got == want + TERSE__WIRE_MAC &&
+                 (f->encrypt ? terse__fabric_open_sealed(f, r, s->chunk, (uint8_t *)p, want, s->mac)
+                             : terse__fabric_mac_ok(f, r, s->chunk, p, want, s->mac));
+        if (!ok) return drop_forged(f, s, got);
         got = want;
     }
     slot_put(f, s, r->is_send);
