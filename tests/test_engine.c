@@ -205,8 +205,8 @@ static void *abort_later(void *arg) {
 
 #define ABORT_FLOATS ((size_t)64 << 20) /* 256 MB */
 
-/* Ranks 0 and 1 abort from a second thread 150 ms into a 256 MB allreduce;
- * rank 2 does not. u[0]: the wait's status; val[0]: abort -> return (ms);
+/* Ranks 0 and 1 abort from a second thread 150 ms into a 256 MB allreduce
+ * (each 150 ms after its own start); rank 2 does not. u[0]: the wait's status; val[0]: abort -> return (ms);
  * u[1]: the next call's status; val[1]: start -> return (ms). */
 static int abort_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
@@ -237,9 +237,20 @@ static int abort_body(terse_comm *c, tr_out *o, const void *arg) {
 Test(abort, from_a_second_thread_during_256MB_returns_fast_and_others_fail_tcp_3) {
     tr_job job = {"tcp", 3, 10000, 60, -1, NULL};
     tr_out *o = tr_run(&job, abort_body, NULL);
+    /* Ranks 0 and 1 abort about together, never exactly: the first to
+     * abort closes its end, and the other's request may fail of that
+     * (PEER_LOST naming it) before its own abort. At least one must see
+     * ABORTED; each must see ABORTED or its fellow aborter named. */
+    int aborted = 0;
     for (int r = 0; r < 2; r++) {
-        cr_expect_eq(o[r].u[0], TERSE_ERR_ABORTED, "rank %d: wait returned %llu: %s", r,
-                     (unsigned long long)o[r].u[0], o[r].err);
+        terse_status s = (terse_status)o[r].u[0];
+        aborted += s == TERSE_ERR_ABORTED;
+        if (s != TERSE_ERR_ABORTED) {
+            cr_expect(s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT,
+                      "rank %d: wait returned %s: %s", r, terse_status_name(s), o[r].err);
+            cr_expect(strstr(o[r].err, r ? "rank 0" : "rank 1"), "rank %d: %s", r, o[r].err);
+            continue;
+        }
         cr_log_info("rank %d: abort -> wait returned in %.1f ms (allreduce ran %.0f ms)", r,
                     o[r].val[0], o[r].val[1]);
         /* The contract is 100 ms, and the plain build measures 0.1-40 ms
@@ -248,9 +259,11 @@ Test(abort, from_a_second_thread_during_256MB_returns_fast_and_others_fail_tcp_3
          * runner, have taken 235 ms (closing the endpoint under ASan). */
         cr_expect_leq(o[r].val[0], 1000.0, "rank %d: abort took %.1f ms to return", r,
                       o[r].val[0]);
-        cr_expect_eq(o[r].u[1], TERSE_ERR_ABORTED, "rank %d: the next call returned %llu", r,
-                     (unsigned long long)o[r].u[1]);
     }
+    cr_expect_geq(aborted, 1, "neither aborting rank saw TERSE_ERR_ABORTED");
+    for (int r = 0; r < 2; r++)
+        cr_expect_eq(o[r].u[1], TERSE_ERR_ABORTED, "rank %d: the call after abort returned %llu",
+                     r, (unsigned long long)o[r].u[1]);
     cr_expect(o[2].u[0] == TERSE_ERR_PEER_LOST || o[2].u[0] == TERSE_ERR_TIMEOUT,
               "rank 2 returned %llu: %s", (unsigned long long)o[2].u[0], o[2].err);
     cr_expect_leq(o[2].val[1], 10000.0 + 2000.0, "rank 2 failed only after %.0f ms", o[2].val[1]);
