@@ -350,13 +350,29 @@ void terse_comm_reset_stats(terse_comm *c) {
 
 /* ---- services for the algorithms ---- */
 
+void terse__comm_fail_locked(terse_comm *c, terse_status s) {
+    if (c->failed) return;
+    c->failed = 1;
+    c->fail_status = s;
+    snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+}
+
+void terse__comm_refuse_locked(terse_comm *c) {
+    if (c->refusing || c->failed) return;
+    c->refusing = 1;
+    snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+}
+
+terse_status terse__comm_aborted_error(const terse_comm *c, const char *what) {
+    return TERSE_ERROR(TERSE_ERR_ABORTED,
+                       "%s on rank %d: the communicator was aborted (terse_comm_abort); it can "
+                       "only be freed",
+                       what, c->rank);
+}
+
 terse_status terse__comm_begin(terse_comm *c, const char *what) {
     if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: communicator is NULL", what);
-    if (atomic_load(&c->aborted))
-        return TERSE_ERROR(TERSE_ERR_ABORTED,
-                           "%s on rank %d: the communicator was aborted (terse_comm_abort); "
-                           "it can only be freed",
-                           what, c->rank);
+    if (atomic_load(&c->aborted)) return terse__comm_aborted_error(c, what);
     pthread_mutex_lock(&c->lock);
     terse_status s = TERSE_OK;
     if (c->failed)
@@ -395,11 +411,7 @@ terse_status terse__comm_end(terse_comm *c, terse_status s, int keep_usable) {
         pthread_mutex_unlock(&c->stats_lock);
     } else if (!keep_usable) {
         pthread_mutex_lock(&c->lock);
-        if (!c->failed) {
-            c->failed = 1;
-            c->fail_status = s;
-            snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
-        }
+        terse__comm_fail_locked(c, s);
         pthread_mutex_unlock(&c->lock);
     }
     return s;

@@ -142,6 +142,17 @@ terse_status terse__comm_begin(terse_comm *c, const char *what);
  * between waits (`where` says what was interrupted). */
 terse_status terse__comm_poll_abort(terse_comm *c, const char *where);
 
+/* Record the first failure (status s, sentence terse_last_error()): the
+ * communicator can only be freed from now on. c->lock held; a later
+ * failure keeps the first one's sentence. */
+void terse__comm_fail_locked(terse_comm *c, terse_status s);
+/* Refuse every later start (a start failed on this rank only, so it
+ * skips a collective the others run); requests already queued still run.
+ * c->lock held. */
+void terse__comm_refuse_locked(terse_comm *c);
+/* TERSE_ERR_ABORTED with the sentence every call after an abort gives. */
+terse_status terse__comm_aborted_error(const terse_comm *c, const char *what);
+
 /* Poll the store for loss notices (rate-limited to once a millisecond);
  * a notice older than its grace fails with TERSE_ERR_PEER_LOST. */
 terse_status terse__comm_check_alive(terse_comm *c);

@@ -225,11 +225,7 @@ static void run_group(terse_comm *c, terse_request *g) {
         fused = TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for a group of %zu", c->rank,
                             count);
         pthread_mutex_lock(&c->lock);
-        if (!c->failed) {
-            c->failed = 1;
-            c->fail_status = fused;
-            snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
-        }
+        terse__comm_fail_locked(c, fused);
         pthread_mutex_unlock(&c->lock);
         for (terse_request *m = g->members, *next; m; m = next) {
             next = m->next;
@@ -337,11 +333,7 @@ static void watchdog(terse_comm *c) {
         c->rank, c->provider, what, who, (unsigned long long)(age / 1000000u), who);
     terse__fabric_abandon(c->fabric);
     atomic_store(&c->abandoned, 1);
-    if (!c->failed) {
-        c->failed = 1;
-        c->fail_status = s;
-        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
-    }
+    terse__comm_fail_locked(c, s);
     /* Complete what the stuck executor holds, then everything queued. */
     terse_request *held = c->running;
     if (held && held->kind == TERSE__OP_GROUP) {

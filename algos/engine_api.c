@@ -25,11 +25,7 @@ static terse_status admit(terse_comm *c, const char *what, terse_status arg_chec
                            "%s: the communicator of rank %d was used in a child process forked "
                            "after terse_comm_init; only the process that created it may use it",
                            what, c->rank);
-    if (atomic_load(&c->aborted))
-        return TERSE_ERROR(TERSE_ERR_ABORTED,
-                           "%s on rank %d: the communicator was aborted (terse_comm_abort); "
-                           "it can only be freed",
-                           what, c->rank);
+    if (atomic_load(&c->aborted)) return terse__comm_aborted_error(c, what);
     pthread_mutex_lock(&c->lock);
     terse_status s = TERSE_OK;
     if (c->failed || c->refusing) {
@@ -37,8 +33,7 @@ static terse_status admit(terse_comm *c, const char *what, terse_status arg_chec
                         what, c->rank, terse__engine_unprefixed(c->failure));
     } else if (arg_check != TERSE_OK) {
         s = arg_check;
-        c->refusing = 1;
-        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
+        terse__comm_refuse_locked(c);
     }
     pthread_mutex_unlock(&c->lock);
     return s;
@@ -49,10 +44,7 @@ static terse_status admit(terse_comm *c, const char *what, terse_status arg_chec
  * refuse from now on, like a bad argument. */
 static terse_status refuse(terse_comm *c, terse_status s) {
     pthread_mutex_lock(&c->lock);
-    if (!c->refusing && !c->failed) {
-        c->refusing = 1;
-        snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
-    }
+    terse__comm_refuse_locked(c);
     pthread_mutex_unlock(&c->lock);
     return s;
 }
@@ -219,11 +211,8 @@ terse_status terse_group_end(terse_comm *c) {
         if (!g) {
             /* Its members can never run here: fail them, refuse later starts. */
             s = TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory to end a group", c->rank);
+            terse__comm_refuse_locked(c); /* before the drop rewrites the sentence */
             terse__engine_drop_open_group(c);
-            if (!c->refusing && !c->failed) {
-                c->refusing = 1;
-                snprintf(c->failure, sizeof c->failure, "%s", terse_last_error());
-            }
         } else {
             g->comm = c;
             g->kind = TERSE__OP_GROUP;

@@ -28,6 +28,7 @@
 
 #include <criterion/criterion.h>
 
+#include "plain_procs.h"
 #include "terse.h"
 
 #define TR_MAX_RANKS 4
@@ -69,45 +70,20 @@ static inline uint64_t tr_hash(const void *p, size_t n) {
     return h;
 }
 
-static inline double tr_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
+static inline double tr_now_ms(void) { return plain_now_ms(); }
 
 /* A loopback port nobody listens on right now. */
 static inline int tr_free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t len = sizeof a;
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
+    int port = plain_free_port();
+    cr_assert_gt(port, 0, "no free loopback port");
+    return port;
 }
 
 /* A rank killed with SIGKILL cannot unlink its shm provider region
  * (/dev/shm/<pid>:<n>:<m>, 16 MiB each in libfabric 1.17): remove what the
  * dead pid left, so repeated runs neither fill /dev/shm nor hand a stale
  * name to a later process that happens to get the same pid. */
-static inline void tr_remove_shm_of(pid_t pid) {
-    char prefix[32];
-    int len = snprintf(prefix, sizeof prefix, "%d:", (int)pid);
-    DIR *d = opendir("/dev/shm");
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (strncmp(e->d_name, prefix, (size_t)len) == 0) {
-            char path[300];
-            snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
-            unlink(path);
-        }
-    closedir(d);
-}
+static inline void tr_remove_shm_of(pid_t pid) { plain_remove_shm_of(pid); }
 
 typedef struct tr_job {
     const char *provider;
