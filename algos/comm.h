@@ -48,8 +48,16 @@ typedef enum {
     TERSE__OP_BROADCAST,
     TERSE__OP_ALLGATHER,
     TERSE__OP_BARRIER,
-    TERSE__OP_GROUP /* internal: the members of one terse_group_end */
+    TERSE__OP_GROUP, /* internal: the members of one terse_group_end */
+    TERSE__OP_EXT    /* a parameter-server operation (algos/ps_*.c) */
 } terse__op_kind;
+
+/* An EXT request's body: run by the executor like a collective, between
+ * begin and end; *keep_usable = 1 for a failure that concerns only this
+ * request (a server's refusal), which leaves the communicator usable.
+ * The engine does not poll the store for lost ranks before it: the
+ * operation decides which ranks matter. */
+typedef terse_status (*terse__ext_fn)(terse_comm *c, terse_request *r, int *keep_usable);
 
 struct terse_request {
     terse_comm *comm;
@@ -59,6 +67,8 @@ struct terse_request {
         struct { void *buf; size_t bytes; int root; } bc;
         struct { const void *send; size_t send_bytes; void *recv; size_t recv_cap;
                  size_t *counts; } ag;
+        struct { terse__ext_fn run; void *obj; int op; size_t key; float *buf;
+                 const char *name; } ext;
     } a;
     terse_request *next;    /* the queue, or the next member of a group */
     terse_request *members; /* TERSE__OP_GROUP: its members, in start order */
@@ -203,6 +213,16 @@ terse_status terse__engine_init(terse_comm *c);
 /* Abort what is in flight, stop the thread, complete every request still
  * queued with TERSE_ERR_ABORTED. */
 void terse__engine_shutdown(terse_comm *c);
+
+/* Start an EXT request (tmpl->kind TERSE__OP_EXT): refused on an aborted,
+ * failed or forked communicator, but a refusal does not refuse later
+ * starts (EXT operations are not collectives). *out NULL on failure. */
+terse_status terse__engine_start_ext(terse_comm *c, const terse_request *tmpl,
+                                     terse_request **out);
+/* An EXT request as a blocking call. */
+terse_status terse__engine_run_ext(terse_comm *c, terse_request *r);
+/* A request template for c. */
+terse_request terse__engine_make(terse_comm *c, terse__op_kind kind);
 
 /* Argument checks done at start, on the caller's thread. */
 terse_status terse__allreduce_check(terse_comm *c, float *buf, size_t n, terse_codec *codec,

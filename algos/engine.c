@@ -60,6 +60,7 @@ const char *terse__engine_kind_name(terse__op_kind k) {
     case TERSE__OP_ALLGATHER: return "terse_allgather";
     case TERSE__OP_BARRIER: return "terse_barrier";
     case TERSE__OP_GROUP: return "terse_group_end";
+    case TERSE__OP_EXT: return "terse_ps";
     }
     return "terse request";
 }
@@ -77,6 +78,8 @@ static terse_status run_op(terse_comm *c, terse_request *r, int *keep_usable) {
                                     r->a.ag.recv_cap, r->a.ag.counts, keep_usable);
     case TERSE__OP_BARRIER:
         return terse__barrier_run(c);
+    case TERSE__OP_EXT:
+        return r->a.ext.run(c, r, keep_usable);
     case TERSE__OP_GROUP:
         break;
     }
@@ -121,7 +124,7 @@ static terse_status run_one(terse_comm *c, terse_request *r) {
     terse_status s = terse__comm_begin(c, terse__engine_kind_name(r->kind));
     if (s != TERSE_OK) return s;
     int keep_usable = 0;
-    s = terse__comm_check_alive(c);
+    if (r->kind != TERSE__OP_EXT) s = terse__comm_check_alive(c);
     if (s == TERSE_OK) s = run_op(c, r, &keep_usable);
     s = terse__comm_end(c, s, keep_usable);
     if (s != TERSE_OK && !keep_usable) terse__fabric_quiesce(c->fabric);

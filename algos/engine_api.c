@@ -113,6 +113,46 @@ static terse_request make(terse_comm *c, terse__op_kind kind) {
     return r;
 }
 
+terse_request terse__engine_make(terse_comm *c, terse__op_kind kind) { return make(c, kind); }
+
+terse_status terse__engine_start_ext(terse_comm *c, const terse_request *tmpl,
+                                     terse_request **out) {
+    const char *what = tmpl->a.ext.name;
+    if (out) *out = NULL;
+    if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: request pointer is NULL", what);
+    if (c->pid != getpid())
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "%s: the communicator of rank %d was used in a child process forked "
+                           "after terse_comm_init; only the process that created it may use it",
+                           what, c->rank);
+    if (atomic_load(&c->aborted)) return terse__comm_aborted_error(c, what);
+    pthread_mutex_lock(&c->lock);
+    int broken = c->failed || c->refusing;
+    char why[512];
+    snprintf(why, sizeof why, "%s", terse__engine_unprefixed(c->failure));
+    pthread_mutex_unlock(&c->lock);
+    if (broken)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "%s on rank %d: communicator failed earlier: %s",
+                           what, c->rank, why);
+    terse_request *r = malloc(sizeof *r);
+    if (!r) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for a request", c->rank);
+    memcpy(r, tmpl, sizeof *r);
+    submit(c, r);
+    *out = r;
+    return TERSE_OK;
+}
+
+terse_status terse__engine_run_ext(terse_comm *c, terse_request *r) {
+    const char *what = r->a.ext.name;
+    if (c->pid != getpid())
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "%s: the communicator of rank %d was used in a child process forked "
+                           "after terse_comm_init; only the process that created it may use it",
+                           what, c->rank);
+    if (atomic_load(&c->aborted)) return terse__comm_aborted_error(c, what);
+    return run_blocking(c, r);
+}
+
 terse_status terse_allreduce_start(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                    terse_op op, terse_request **req) {
     if (req) *req = NULL;

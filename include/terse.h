@@ -82,7 +82,8 @@ TERSE_API const char *terse_version_string(void);
     X(TERSE_ERR_TRANSPORT, 16, "transport (libfabric) error")                  \
     X(TERSE_ERR_AUTH, 17, "authentication failed")                             \
     X(TERSE_ERR_IO, 18, "input/output error")                                 \
-    X(TERSE_ERR_ABORTED, 19, "the communicator was aborted")
+    X(TERSE_ERR_ABORTED, 19, "the communicator was aborted")                  \
+    X(TERSE_ERR_STALE, 20, "a parameter-server push came too late or too stale")
 
 typedef enum terse_status {
 #define TERSE_STATUS_ENUM_(name, value, text) name = value,
@@ -701,6 +702,196 @@ typedef struct terse_comm_stats {
 
 TERSE_API terse_status terse_comm_get_stats(const terse_comm *comm, terse_comm_stats *stats);
 TERSE_API void terse_comm_reset_stats(terse_comm *comm);
+
+/* ------------------------------------------------------------------------ */
+/* Parameter server                                                         */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Roles. Ranks [0, num_servers) are servers, the others workers (a rank
+ * is one or the other; see docs/ps.md for why not both). Every rank calls
+ * terse_ps_create with the same config (checked: a difference fails with
+ * TERSE_ERR_INVALID naming the rank and field), then terse_ps_declare for
+ * the same keys in the same order with the same arguments. Servers then
+ * call terse_ps_serve, which returns once every worker has called
+ * terse_ps_finish (or was lost); workers push, pull and clock, then
+ * finish. While a parameter server exists the communicator runs nothing
+ * else: no collectives between create and free.
+ *
+ * Placement. A tensor is cut into chunks of chunk_bytes; chunks are placed
+ * on servers by consistent hashing with `vnodes` virtual nodes per server
+ * and bounded loads (no server gets more than 1.25x the mean bytes, so a
+ * small model still spreads over every server, ps-lite #119), in
+ * declaration order; a change in the server set moves about 1/S of the
+ * chunks. terse_ps_placement reports the bytes per server.
+ *
+ * Compression. A key's push_spec is the codec workers encode with (its
+ * error feedback lives on each worker, per chunk); its pull_spec the codec
+ * the server encodes what it sends with (its error feedback lives on the
+ * server, per chunk: every worker pulling a version receives the same
+ * bytes, so sync-mode workers hold bitwise-identical values). NULL or
+ * "none" is dense fp32. Codecs need no second round: powersgd is refused
+ * (TERSE_ERR_UNSUPPORTED).
+ *
+ * What a pull returns: with update TERSE_PS_UPDATE_NONE, the aggregate of
+ * the last closed step (BytePS style: the workers run their optimizer);
+ * with TERSE_PS_UPDATE_SGD the parameters the server holds, initialised
+ * from declare's init and updated with x -= lr * v, v = momentum * v + g.
+ *
+ * Modes (terse_ps_config.mode; terse_ps_config_parse reads them as text):
+ *   "sync"           a step closes when every active worker has pushed
+ *                    it; the aggregate is formed in worker-rank order,
+ *                    whatever the arrival order, and a pull for step t
+ *                    waits for it. Workers hold bitwise-identical results.
+ *   "sync:quorum=K"  backup workers: a step closes on the first K pushes
+ *                    to arrive (aggregated in rank order); a later push for
+ *                    that step is refused with TERSE_ERR_STALE and counted
+ *                    (dropped: not folded into the worker's residual); the
+ *                    worker pulls the newer version and goes on. With
+ *                    TERSE_PS_QUORUM_LOG=path each server appends, per
+ *                    closed step, "server key step worker,worker,..." so a
+ *                    run can be replayed.
+ *   "async"          every push is applied on arrival, weighted 1/workers;
+ *                    a pull returns at once. Its staleness is the number of
+ *                    updates the shard took since that worker's last pull;
+ *   "async:max_staleness=S,lr_scale=1"  pushes staler than S are refused
+ *                    with TERSE_ERR_STALE (counted); lr_scale=1 divides the
+ *                    step of a push by max(1, staleness).
+ *   "ssp:S"          stale synchronous parallel (Petuum): pushes are
+ *                    applied on arrival; a worker at clock c may pull only
+ *                    once every active worker has pushed clock c - S (its
+ *                    pull waits otherwise). ssp:0 is bulk synchronous.
+ * async and ssp need update "sgd" (the server must hold the parameters).
+ *
+ * Steps. A worker's clock starts at 0; terse_ps_clock ends its step. Each
+ * push carries the clock. In sync mode a worker pushes a key once per
+ * step and pulls before its next push of it; a pull that returns a newer
+ * version than the worker's step (it fell behind a quorum) moves its next
+ * clock to that version.
+ *
+ * Failure. A refusal by the server -- unknown key, wrong size, a
+ * declaration that differs, a push for a step already closed or too
+ * stale, a message from a rank that is not a worker, a corrupt payload --
+ * fails that request with its status and the server's sentence, is
+ * counted in the server's terse_ps_stats and logged once per kind, and
+ * leaves the communicator usable. A worker lost in sync mode without a
+ * quorum fails every worker's pull of the step it never pushed with
+ * TERSE_ERR_PEER_LOST naming it (with a quorum, and in async and ssp, the
+ * others go on without it). A worker stopped (not dead) holds sync steps
+ * open: their pulls fail with TERSE_ERR_TIMEOUT naming the workers
+ * missing, after 3/4 of the communicator's timeout. A server lost fails
+ * every later request that needs it with TERSE_ERR_PEER_LOST naming it.
+ *
+ * Threading: calls on one terse_ps from one thread at a time, except that
+ * requests may be tested and waited for as the engine allows.
+ */
+typedef struct terse_ps terse_ps;
+
+typedef enum terse_ps_mode {
+    TERSE_PS_SYNC = 0,
+    TERSE_PS_ASYNC = 1,
+    TERSE_PS_SSP = 2
+} terse_ps_mode;
+
+typedef enum terse_ps_update {
+    TERSE_PS_UPDATE_NONE = 0, /* pull returns the aggregate */
+    TERSE_PS_UPDATE_SGD = 1   /* the server holds parameters: SGD with momentum */
+} terse_ps_update;
+
+typedef struct terse_ps_config {
+    size_t size;           /* sizeof(terse_ps_config) */
+    int num_servers;       /* ranks [0, num_servers) serve; default 1 */
+    size_t chunk_bytes;    /* placement unit; default 1 MiB (0: default) */
+    int vnodes;            /* virtual nodes per server; default 64 */
+    terse_ps_mode mode;    /* default TERSE_PS_SYNC */
+    int quorum;            /* sync: close a step on the first K pushes (0: all) */
+    int staleness;         /* ssp: S */
+    int max_staleness;     /* async: refuse pushes staler than this (0: none) */
+    int lr_scale;          /* async: divide a push's step by its staleness */
+    terse_ps_update update; /* default TERSE_PS_UPDATE_NONE */
+    float lr, momentum;    /* TERSE_PS_UPDATE_SGD */
+    const char *aggregator; /* "mean" (default; the only one so far) */
+} terse_ps_config;
+
+#define TERSE_PS_CONFIG_INIT                                                      \
+    {sizeof(terse_ps_config), 1, 0, 64, TERSE_PS_SYNC, 0, 0, 0, 0, TERSE_PS_UPDATE_NONE, \
+     0.0f, 0.0f, NULL}
+
+/* Set mode, quorum, staleness, max_staleness and lr_scale of *cfg from a
+ * spec ("sync", "sync:quorum=3", "async", "async:max_staleness=8,lr_scale=1",
+ * "ssp:2"); other fields are kept. A bad spec fails with TERSE_ERR_INVALID
+ * naming the token. */
+TERSE_API terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg);
+
+/* Create on every rank of comm (collective: checks the config agrees).
+ * On failure *out is NULL. */
+TERSE_API terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg,
+                                       terse_ps **out);
+/* 1 if this rank is a server. */
+TERSE_API int terse_ps_is_server(const terse_ps *ps);
+
+/* Register tensor `key` (keys are 0, 1, 2, ... in declaration order: key
+ * must equal the number declared so far) of n floats. init (n floats, or
+ * NULL for zeros) is the server's initial value under update sgd. Local:
+ * no communication; every rank must declare alike (the server refuses a
+ * worker whose declaration differs). */
+TERSE_API terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n,
+                                        const char *push_spec, const char *pull_spec,
+                                        const float *init);
+
+/* Worker requests (see Non-blocking collectives for the request rules):
+ * push grad (n floats; read until the request completes), pull into out,
+ * or both in one round trip (buf: the gradient in, the pulled value out). */
+TERSE_API terse_status terse_ps_push(terse_ps *ps, size_t key, const float *grad,
+                                     terse_request **req);
+TERSE_API terse_status terse_ps_pull(terse_ps *ps, size_t key, float *out,
+                                     terse_request **req);
+TERSE_API terse_status terse_ps_pushpull(terse_ps *ps, size_t key, float *buf,
+                                         terse_request **req);
+/* End this worker's step (local). */
+TERSE_API terse_status terse_ps_clock(terse_ps *ps);
+/* This worker's clock. */
+TERSE_API uint64_t terse_ps_worker_clock(const terse_ps *ps);
+/* A worker is done: tells every server (blocking). Idempotent. */
+TERSE_API terse_status terse_ps_finish(terse_ps *ps);
+
+/* Server: serve until every worker finished or was lost (blocking; it
+ * runs on the communicator's progress thread, or with TERSE_PROGRESS=caller
+ * on the calling thread). TERSE_OK when every worker finished; a lost
+ * worker gives TERSE_ERR_PEER_LOST naming it (serving went on without it
+ * where the mode allows); terse_comm_abort ends it with TERSE_ERR_ABORTED. */
+TERSE_API terse_status terse_ps_serve(terse_ps *ps);
+
+/* Bytes of the declared tensors placed on each server: bytes[s] for
+ * s < num_servers (the caller's array has num_servers entries). */
+TERSE_API terse_status terse_ps_placement(const terse_ps *ps, uint64_t *bytes);
+/* The server that holds chunk `chunk` of key (chunks of chunk_bytes). */
+TERSE_API int terse_ps_chunk_server(const terse_ps *ps, size_t key, size_t chunk);
+
+typedef struct terse_ps_stats {
+    size_t size;               /* sizeof(terse_ps_stats) */
+    /* worker */
+    uint64_t pushes, pulls;    /* completed */
+    uint64_t stale_refused;    /* pushes the servers refused as late or stale */
+    /* server */
+    uint64_t pushes_applied;   /* pushes aggregated or applied */
+    uint64_t steps_closed;     /* sync: shard steps closed */
+    uint64_t late_dropped;     /* sync quorum: pushes for a closed step */
+    uint64_t refused_stale;    /* async: over max_staleness */
+    uint64_t refused_key;      /* unknown key, wrong size or declaration */
+    uint64_t refused_step;     /* a push for a step not open (duplicate, ahead) */
+    uint64_t refused_role;     /* a message from a rank that is not a worker */
+    uint64_t refused_corrupt;  /* a malformed header or payload */
+    uint64_t staleness_max;    /* async/ssp: largest staleness applied */
+    double staleness_mean;
+    uint64_t workers_lost;
+} terse_ps_stats;
+
+TERSE_API terse_status terse_ps_get_stats(const terse_ps *ps, terse_ps_stats *stats);
+
+/* Free (a worker that has not finished finishes first, best effort).
+ * NULL is accepted. */
+TERSE_API void terse_ps_free(terse_ps *ps);
 
 /* ------------------------------------------------------------------------ */
 /* Registry                                                                 */

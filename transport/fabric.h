@@ -105,6 +105,24 @@ typedef struct terse__fabric_wait_opts {
 terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, size_t n,
                                    const terse__fabric_wait_opts *opts);
 
+/* Tolerant mode (the parameter server, which must outlive any one
+ * worker): from now on an error that concerns one request -- its peer
+ * lost, a message of the wrong size -- sets that request's error and
+ * leaves the fabric usable for every other peer; only errors that concern
+ * no request (the completion queue itself) still fail the fabric. A
+ * failed request's buffer may still be written by chunks posted before
+ * the error until terse__fabric_quiesce or close: keep it alive. */
+void terse__fabric_set_tolerant(terse__fabric *f);
+/* One progress round without waiting: read completions, post what the
+ * windows allow. *events counts completions seen. */
+terse_status terse__fabric_progress(terse__fabric *f, size_t *events);
+/* Tolerant mode: cancel what is posted of r and wait (at most 100 ms) for
+ * it to come back; 1 when nothing of r is posted any more (its buffer is
+ * free), 0 otherwise (then only terse__fabric_quiesce makes it safe). */
+int terse__fabric_cancel(terse__fabric *f, terse__fabric_req *r);
+/* 1 once r completed or failed (r->error). */
+int terse__fabric_req_done(const terse__fabric_req *r);
+
 /* After a failure: cancel every operation still posted, give the
  * cancellations a short bounded time (at most 20 ms) to come back, then
  * close the endpoint, so that nothing the provider still held can write

@@ -59,6 +59,16 @@ static terse_status fail(terse__fabric *f, terse_status st) {
     return st;
 }
 
+/* An error that concerns one request. Ordinarily it fails the fabric; in
+ * tolerant mode (terse__fabric_set_tolerant) it fails only r, whose
+ * chunks are no longer posted and whose state the next progress round
+ * recycles once nothing of it is in flight. */
+static terse_status req_fail(terse__fabric *f, terse__fabric_req *r, terse_status st) {
+    if (r) r->error = st;
+    if (f->tolerant && r) return TERSE_OK;
+    return fail(f, st);
+}
+
 /* A watchdog gave up on this fabric while we were inside the provider. */
 static terse_status abandoned(terse__fabric *f) {
     return fail(f, TERSE_ERROR(TERSE_ERR_TIMEOUT,
@@ -157,10 +167,10 @@ static terse_status op_register(terse__fabric *f, terse__fabric_op *op) {
 
 /* ---------------------------------------------------------------- posting */
 
-static terse_status post_error(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
+static terse_status post_error(terse__fabric *f, terse__fabric_req *r, size_t chunk,
                                int ret) {
     terse_status st = is_connection_error(-ret) ? TERSE_ERR_PEER_LOST : TERSE_ERR_TRANSPORT;
-    return fail(f, TERSE_ERROR(st, "rank %d: posting chunk %zu of %zu for %s rank %d (tag %#llx) "
+    return req_fail(f, r, TERSE_ERROR(st, "rank %d: posting chunk %zu of %zu for %s rank %d (tag %#llx) "
                                    "on %s failed: %s",
                                f->rank, chunk, r->chunks, dir_text(r), r->peer,
                                (unsigned long long)r->tag, f->provider, fi_strerror(-ret)));
@@ -224,7 +234,7 @@ static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_sl
 static terse_status post_chunks(terse__fabric *f, terse__fabric_op *op, int *full) {
     terse__fabric_req *r = op->req;
     terse__fabric_slot **pool = r->is_send ? &f->tx_free : &f->rx_free;
-    while (r->posted < r->chunks && op->inflight < TERSE__FABRIC_WINDOW) {
+    while (!r->error && r->posted < r->chunks && op->inflight < TERSE__FABRIC_WINDOW) {
         terse__fabric_slot *s = *pool;
         if (!s) {
             *full = 1;
@@ -246,6 +256,8 @@ static terse_status post_chunks(terse__fabric *f, terse__fabric_op *op, int *ful
     return TERSE_OK;
 }
 
+static void slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send);
+
 /* Give every active request its chance to post, oldest first. */
 static terse_status post_pending(terse__fabric *f) {
     /* First the receives a forged chunk consumed (their slots are held). */
@@ -254,13 +266,19 @@ static terse_status post_pending(terse__fabric *f) {
         ssize_t ret = post_one(f, s->op, s, s->chunk);
         if (atomic_load(&f->abandoned)) return abandoned(f);
         if (ret == -FI_EAGAIN) break;
-        if (ret != 0) return post_error(f, s->op->req, s->chunk, (int)ret);
+        if (ret != 0) {
+            terse__fabric_op *op = s->op;
+            TERSE_CHECK(post_error(f, op->req, s->chunk, (int)ret));
+            f->repost = s->next_free; /* tolerant: that request failed alone */
+            slot_put(f, s, 0);
+            continue;
+        }
         f->repost = s->next_free;
         s->op->inflight++;
     }
     int tx_full = 0, rx_full = 0;
     for (terse__fabric_op *op = f->active_head; op && !(tx_full && rx_full); op = op->next) {
-        if (op->req->posted == op->req->chunks) continue;
+        if (op->req->posted == op->req->chunks || op->req->error) continue;
         int *full = op->req->is_send ? &tx_full : &rx_full;
         if (!*full) TERSE_CHECK(post_chunks(f, op, full));
     }
@@ -423,8 +441,9 @@ static terse_status complete(terse__fabric *f, terse__fabric_slot *s, size_t got
         /* Equal lengths are the contract; a shorter message means the
          * sides disagree about the size. */
         if (got != want) {
-            r->error = TERSE_ERR_CORRUPT;
-            return fail(f, TERSE_ERROR(TERSE_ERR_CORRUPT,
+            op->bytes_done += got < want ? got : want;
+            r->done++;
+            return req_fail(f, r, TERSE_ERROR(TERSE_ERR_CORRUPT,
                                        "rank %d: rank %d sent %zu bytes for chunk %zu of tag "
                                        "%#llx where %zu were expected (message of %zu bytes)",
                                        f->rank, r->peer, got, s->chunk,
@@ -479,8 +498,11 @@ static terse_status complete_error(terse__fabric *f) {
                          "rank %d: %s rank %d (tag %#llx) failed on %s: %s (%s)", f->rank,
                          dir_text(r), r->peer, (unsigned long long)r->tag, f->provider,
                          fi_strerror(err), txt ? txt : "");
-    r->error = st;
-    return fail(f, st);
+    if (f->tolerant) { /* the chunk came back: its slot is free */
+        s->op->inflight--;
+        slot_put(f, s, r->is_send);
+    }
+    return req_fail(f, r, st);
 }
 
 /* Drain the CQ (manual progress happens inside fi_cq_read). *events
@@ -505,6 +527,65 @@ static terse_status progress(terse__fabric *f, size_t *events) {
         if (n < CQ_BATCH) return TERSE_OK;
     }
     return TERSE_OK;
+}
+
+/* Tolerant mode: recycle the state of failed requests once nothing of
+ * theirs is posted any more. */
+static void sweep_failed(terse__fabric *f) {
+    terse__fabric_op *op = f->active_head;
+    while (op) {
+        terse__fabric_op *next = op->next;
+        if (op->req->error && op->inflight == 0) op_put(f, op);
+        op = next;
+    }
+}
+
+void terse__fabric_set_tolerant(terse__fabric *f) {
+    if (f) f->tolerant = 1;
+}
+
+terse_status terse__fabric_progress(terse__fabric *f, size_t *events) {
+    if (!f || !events) return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_progress: NULL argument");
+    *events = 0;
+    if (f->failed)
+        return TERSE_ERROR(f->failed, "rank %d: the transport failed earlier; it can only be closed",
+                           f->rank);
+    TERSE_CHECK(progress(f, events));
+    TERSE_CHECK(post_pending(f));
+    if (f->tolerant) sweep_failed(f);
+    return TERSE_OK;
+}
+
+int terse__fabric_cancel(terse__fabric *f, terse__fabric_req *r) {
+    if (!f || !r || terse__fabric_req_done(r) || !f->ep) return 1;
+    terse__fabric_op *op = f->active_head;
+    while (op && op->req != r) op = op->next;
+    if (!op) return 1;
+    if (!f->tolerant) return 0;
+    r->error = TERSE_ERR_ABORTED; /* post nothing more of it */
+    for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
+        if (f->slots[i].op == op) {
+            terse__fabric_enter(f, r->peer, "fi_cancel");
+            (void)fi_cancel(&f->ep->fid, &f->slots[i].ctx);
+            terse__fabric_leave(f);
+        }
+    uint64_t until = terse__now_ns() + 100000000ull;
+    for (;;) {
+        for (op = f->active_head; op && op->req != r; op = op->next) {}
+        if (!op) return 1; /* it completed meanwhile and was recycled */
+        if (!op->inflight) {
+            op_put(f, op);
+            return 1;
+        }
+        if (terse__now_ns() >= until || f->failed) return 0;
+        size_t ev = 0;
+        if (progress(f, &ev) != TERSE_OK) return 0;
+        if (!ev) sched_yield();
+    }
+}
+
+int terse__fabric_req_done(const terse__fabric_req *r) {
+    return r->error || r->done >= r->chunks;
 }
 
 /* ---------------------------------------------------------------- wait */

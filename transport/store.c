@@ -31,6 +31,7 @@ struct terse__store {
     uint32_t next_id, ag_seq;
     unsigned fork_gen; /* terse__store_fork_gen() when opened */
     int lost_rank;     /* first rank the server reported lost, or -1 */
+    uint8_t *lost_map; /* every rank the server reported lost (nranks) */
     int gone;          /* the connection to the server has ended */
     char gone_why[128];
     terse__store_server *server; /* rank 0 only */
@@ -109,6 +110,7 @@ static terse_status await(terse__store *s, uint32_t id, uint8_t want, uint64_t d
         if (type == TERSE__STORE_LOST && len == 4) {
             uint32_t r = terse__get_u32(b);
             if (s->lost_rank < 0) s->lost_rank = r < (uint32_t)s->nranks ? (int)r : s->nranks;
+            if (r < (uint32_t)s->nranks && s->lost_map) s->lost_map[r] = 1;
             terse__store_rx_consume(&s->rx);
             return fail_lost(s);
         }
@@ -294,6 +296,11 @@ terse_status terse__store_open(const char *addr, int rank, int nranks, const cha
     s->nranks = nranks;
     s->timeout_ms = timeout_ms;
     s->lost_rank = -1;
+    s->lost_map = calloc((size_t)(nranks > 0 ? nranks : 1), 1);
+    if (!s->lost_map) {
+        free(s);
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "cannot allocate the store client");
+    }
     s->next_id = 1;
     s->fork_gen = terse__store_fork_gen();
     snprintf(s->addr, sizeof s->addr, "%s", addr);
@@ -318,6 +325,7 @@ fail:
 static void leave_forked(terse__store *s) {
     terse__store_rx_free(&s->rx);
     terse__store_tx_free(&s->tx);
+    free(s->lost_map);
     free(s);
 }
 
@@ -349,7 +357,37 @@ static void leave(terse__store *s, int orderly) {
     terse__store_server_stop(s->server, !orderly);
     terse__store_rx_free(&s->rx);
     terse__store_tx_free(&s->tx);
+    free(s->lost_map);
     free(s);
+}
+
+terse_status terse__store_poll_lost(terse__store *s, const uint8_t **map) {
+    if (map) *map = s ? s->lost_map : NULL;
+    if (!s) return TERSE_OK;
+    if (forked(s)) return fail_forked(s);
+    while (!s->gone) {
+        uint8_t type = 0;
+        const uint8_t *b = NULL;
+        size_t len = 0;
+        int f = next_frame(s, 0, &type, &b, &len);
+        if (f == F_TIMEOUT) break;
+        if (f == F_EOF) mark_gone(s, "the connection was closed");
+        if (f == F_ERROR) mark_gone(s, strerror(errno));
+        if (f == F_OVERSIZED) mark_gone(s, "it sent an oversized frame");
+        if (f == F_FORGED) mark_gone(s, "a frame from it failed authentication");
+        if (f != F_FRAME) break;
+        if (type == TERSE__STORE_LOST && len == 4) {
+            uint32_t r = terse__get_u32(b);
+            if (s->lost_rank < 0) s->lost_rank = r < (uint32_t)s->nranks ? (int)r : s->nranks;
+            if (r < (uint32_t)s->nranks) s->lost_map[r] = 1;
+        }
+        terse__store_rx_consume(&s->rx); /* replies to requests that timed out */
+    }
+    if (s->gone)
+        return TERSE_ERROR(TERSE_ERR_PEER_LOST,
+                           "rank %d lost the bootstrap store at %s (rank 0): %s", s->rank,
+                           s->addr, s->gone_why);
+    return TERSE_OK;
 }
 
 void terse__store_close(terse__store *s) { leave(s, 1); }

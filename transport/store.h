@@ -91,4 +91,11 @@ terse_status terse__store_allgather(terse__store *s, const void *mine, size_t le
  * as a terse__fabric_alive_fn. */
 terse_status terse__store_check(void *store);
 
+/* Non-blocking, and not sticky like terse__store_check: take in the loss
+ * notices that have arrived; *map (nranks bytes, owned by the store) has
+ * 1 for every rank reported lost so far. TERSE_ERR_PEER_LOST only when the
+ * store itself is gone (rank 0 or its connection). The parameter server
+ * uses it to go on without a lost worker. */
+terse_status terse__store_poll_lost(terse__store *s, const uint8_t **map);
+
 #endif

@@ -1,0 +1,393 @@
+/* The parameter server's life cycle: config, create (every rank checks
+ * the others' config through the store), declare (placement, codecs),
+ * stats, free. The exchanges live in ps_worker.c and ps_server.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algos/engine.h"
+#include "algos/ps.h"
+#include "common/bytes.h"
+#include "common/crc32c.h"
+#include "common/error.h"
+
+/* ---------------------------------------------------------------- config */
+
+static terse_status parse_int(const char *spec, const char *tok, const char *v, int lo, int *out) {
+    char *end = NULL;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || x < lo || x > 1 << 30)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "parameter-server mode \"%s\": \"%s\" needs an integer >= %d", spec,
+                           tok, lo);
+    *out = (int)x;
+    return TERSE_OK;
+}
+
+terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
+    if (!spec || !cfg) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_config_parse: NULL argument");
+    char buf[256];
+    if (strlen(spec) >= sizeof buf)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "parameter-server mode spec is too long");
+    snprintf(buf, sizeof buf, "%s", spec);
+    terse_ps_config c = *cfg;
+    char *opts = strchr(buf, ':');
+    if (opts) *opts++ = 0;
+    c.quorum = c.staleness = c.max_staleness = c.lr_scale = 0;
+    if (strcmp(buf, "sync") == 0) c.mode = TERSE_PS_SYNC;
+    else if (strcmp(buf, "async") == 0) c.mode = TERSE_PS_ASYNC;
+    else if (strcmp(buf, "ssp") == 0) c.mode = TERSE_PS_SSP;
+    else
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "parameter-server mode \"%s\": unknown mode \"%s\" (sync, async, ssp)",
+                           spec, buf);
+    if (c.mode == TERSE_PS_SSP) {
+        if (!opts)
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "parameter-server mode \"%s\": ssp needs its bound, e.g. ssp:2",
+                               spec);
+        TERSE_CHECK(parse_int(spec, opts, opts, 0, &c.staleness));
+        opts = NULL;
+    }
+    for (char *tok = opts ? strtok(opts, ",") : NULL; tok; tok = strtok(NULL, ",")) {
+        char *eq = strchr(tok, '=');
+        if (!eq)
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "parameter-server mode \"%s\": \"%s\" is not name=value", spec, tok);
+        *eq = 0;
+        const char *v = eq + 1;
+        if (c.mode == TERSE_PS_SYNC && strcmp(tok, "quorum") == 0) {
+            TERSE_CHECK(parse_int(spec, tok, v, 1, &c.quorum));
+        } else if (c.mode == TERSE_PS_ASYNC && strcmp(tok, "max_staleness") == 0) {
+            TERSE_CHECK(parse_int(spec, tok, v, 0, &c.max_staleness));
+        } else if (c.mode == TERSE_PS_ASYNC && strcmp(tok, "lr_scale") == 0) {
+            TERSE_CHECK(parse_int(spec, tok, v, 0, &c.lr_scale));
+            if (c.lr_scale > 1)
+                return TERSE_ERROR(TERSE_ERR_INVALID,
+                                   "parameter-server mode \"%s\": lr_scale is 0 or 1", spec);
+        } else {
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "parameter-server mode \"%s\": unknown option \"%s\" for %s (sync: "
+                               "quorum; async: max_staleness, lr_scale)",
+                               spec, tok, buf);
+        }
+    }
+    *cfg = c;
+    return TERSE_OK;
+}
+
+/* What every rank must agree on, as bytes for the store's allgather. */
+#define AGREE_FIELDS 12
+static void agree_bytes(const terse_ps_config *c, const char *agg, uint8_t *b) {
+    uint64_t v[AGREE_FIELDS] = {(uint64_t)c->num_servers, c->chunk_bytes, (uint64_t)c->vnodes,
+                                (uint64_t)c->mode, (uint64_t)c->quorum, (uint64_t)c->staleness,
+                                (uint64_t)c->max_staleness, (uint64_t)c->lr_scale,
+                                (uint64_t)c->update, 0, 0,
+                                terse__crc32c_update(0, agg, strlen(agg))};
+    uint32_t lr, mu;
+    memcpy(&lr, &c->lr, 4);
+    memcpy(&mu, &c->momentum, 4);
+    v[9] = lr;
+    v[10] = mu;
+    for (int i = 0; i < AGREE_FIELDS; i++) terse__put_u64(b + 8 * i, v[i]);
+}
+
+static const char *const agree_names[AGREE_FIELDS] = {
+    "num_servers", "chunk_bytes", "vnodes", "mode", "quorum", "staleness",
+    "max_staleness", "lr_scale", "update", "lr", "momentum", "aggregator"};
+
+static terse_status check_config(terse_comm *comm, const terse_ps_config *c) {
+    if (c->size < sizeof *c)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: config size %zu is smaller than this library's "
+                           "terse_ps_config (%zu): initialise it with TERSE_PS_CONFIG_INIT",
+                           c->size, sizeof *c);
+    int n = comm->nranks;
+    if (c->num_servers < 1 || c->num_servers >= n)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: num_servers %d, but a job of %d ranks needs 1 to %d "
+                           "servers and at least one worker",
+                           c->num_servers, n, n - 1);
+    if (c->vnodes < 1 || c->vnodes > 4096)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: vnodes %d is not 1..4096",
+                           c->vnodes);
+    if (c->chunk_bytes && (c->chunk_bytes < 64 || c->chunk_bytes > ((size_t)1 << 30)))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: chunk_bytes %zu is not 64 B .. 1 GiB", c->chunk_bytes);
+    if ((unsigned)c->mode > TERSE_PS_SSP || (unsigned)c->update > TERSE_PS_UPDATE_SGD)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: unknown mode %d or update %d",
+                           (int)c->mode, (int)c->update);
+    int workers = n - c->num_servers;
+    if (c->quorum < 0 || c->quorum > workers || (c->quorum && c->mode != TERSE_PS_SYNC))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: quorum %d needs sync mode and 1..%d (the workers)",
+                           c->quorum, workers);
+    if (c->staleness < 0 || c->max_staleness < 0)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: negative staleness bound");
+    if (c->mode != TERSE_PS_SYNC && c->update != TERSE_PS_UPDATE_SGD)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: %s mode applies pushes on the server as they "
+                           "arrive, so it needs update TERSE_PS_UPDATE_SGD (the server holds the "
+                           "parameters)",
+                           c->mode == TERSE_PS_ASYNC ? "async" : "ssp");
+    if (!(c->lr >= 0.0f && c->lr < 1e6f) || !(c->momentum >= 0.0f && c->momentum < 1.0f))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: lr %g must be >= 0 and momentum %g in [0, 1)",
+                           (double)c->lr, (double)c->momentum);
+    if (!terse__ps_find_aggregator(c->aggregator))
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: unknown aggregator \"%s\" (mean)",
+                           c->aggregator);
+    return TERSE_OK;
+}
+
+/* Every rank's config, compared with ours: the first difference names the
+ * rank and the field. */
+static terse_status agree(terse_ps *ps) {
+    terse_comm *c = ps->comm;
+    uint8_t mine[8 * AGREE_FIELDS];
+    agree_bytes(&ps->cfg, ps->aggregator_name, mine);
+    uint8_t *all = malloc((size_t)c->nranks * sizeof mine);
+    if (!all) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
+    terse_status s = terse__store_allgather(c->store, mine, sizeof mine, all, c->timeout_ms);
+    for (int r = 0; s == TERSE_OK && r < c->nranks; r++)
+        for (int i = 0; i < AGREE_FIELDS; i++)
+            if (memcmp(all + r * sizeof mine + 8 * i, mine + 8 * i, 8) != 0) {
+                s = TERSE_ERROR(TERSE_ERR_INVALID,
+                                "terse_ps_create on rank %d: rank %d's config differs in %s "
+                                "(%llu here, %llu there)",
+                                c->rank, r, agree_names[i],
+                                (unsigned long long)terse__get_u64(mine + 8 * i),
+                                (unsigned long long)terse__get_u64(all + r * sizeof mine + 8 * i));
+                break;
+            }
+    free(all);
+    return s;
+}
+
+terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse_ps **out) {
+    if (out) *out = NULL;
+    if (!comm || !cfg || !out) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: NULL argument");
+    TERSE_CHECK(check_config(comm, cfg));
+    terse_ps *ps = calloc(1, sizeof *ps);
+    if (!ps) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
+    ps->comm = comm;
+    ps->cfg = *cfg;
+    ps->cfg.size = sizeof ps->cfg;
+    if (!ps->cfg.chunk_bytes) ps->cfg.chunk_bytes = (size_t)1 << 20;
+    snprintf(ps->aggregator_name, sizeof ps->aggregator_name, "%s",
+             cfg->aggregator && *cfg->aggregator ? cfg->aggregator : "mean");
+    ps->cfg.aggregator = ps->aggregator_name;
+    ps->agg = terse__ps_find_aggregator(ps->aggregator_name);
+    ps->rule = terse__ps_rule(ps->cfg.update);
+    ps->rank = comm->rank;
+    ps->nranks = comm->nranks;
+    ps->nservers = cfg->num_servers;
+    ps->nworkers = comm->nranks - cfg->num_servers;
+    ps->is_server = ps->rank < ps->nservers;
+    ps->chunk_floats = ps->cfg.chunk_bytes / sizeof(float);
+    ps->stats.size = sizeof ps->stats;
+    terse_status s = TERSE_OK;
+    size_t S = (size_t)ps->nservers, N = (size_t)ps->nranks;
+    ps->placed = calloc(S, sizeof *ps->placed);
+    ps->seq = calloc(S, sizeof *ps->seq);
+    ps->sbuf = calloc(S, sizeof *ps->sbuf);
+    ps->sbuf_cap = calloc(S, sizeof *ps->sbuf_cap);
+    ps->rbuf = calloc(S, sizeof *ps->rbuf);
+    ps->rbuf_cap = calloc(S, sizeof *ps->rbuf_cap);
+    ps->whdr = calloc(S, TERSE__PS_HDR_BYTES);
+    ps->wrep = calloc(S, TERSE__PS_REP_BYTES);
+    ps->reps = calloc(S, sizeof *ps->reps);
+    ps->peers = ps->is_server ? calloc(N, sizeof *ps->peers) : NULL;
+    ps->inputs = calloc(N, sizeof *ps->inputs);
+    if (!ps->placed || !ps->seq || !ps->sbuf || !ps->sbuf_cap || !ps->rbuf || !ps->rbuf_cap ||
+        !ps->whdr || !ps->wrep || !ps->reps || (ps->is_server && !ps->peers) || !ps->inputs) {
+        s = TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
+        goto fail;
+    }
+    TERSE_CHECK_GOTO(terse__ps_ring_build(ps), s, fail);
+    if (comm->nranks > 1) TERSE_CHECK_GOTO(agree(ps), s, fail);
+    if (ps->is_server) terse__fabric_set_tolerant(comm->fabric);
+    *out = ps;
+    return TERSE_OK;
+fail:
+    terse_ps_free(ps);
+    return s;
+}
+
+int terse_ps_is_server(const terse_ps *ps) { return ps && ps->is_server; }
+
+/* ---------------------------------------------------------------- declare */
+
+static terse_status make_codecs(terse__ps_key *k, const char *spec, terse_codec ***out,
+                                size_t key, uint32_t rank, const char *what) {
+    terse_codec **v = calloc(k->nchunks, sizeof *v);
+    if (!v) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+    *out = v;
+    for (size_t c = 0; c < k->nchunks; c++) {
+        size_t len = c + 1 < k->nchunks ? k->chunk_floats : k->n - c * k->chunk_floats;
+        terse_status s = terse_codec_create(spec, 1, len, &v[c]);
+        if (s != TERSE_OK)
+            return TERSE_ERROR(s, "terse_ps_declare of key %zu: %s spec: %s", key, what,
+                               terse_last_error());
+        terse_codec_set_stream(v[c], (uint64_t)key << 32 | c, rank);
+    }
+    return TERSE_OK;
+}
+
+static void free_codecs(terse_codec **v, size_t n) {
+    for (size_t i = 0; v && i < n; i++) terse_codec_free(v[i]);
+    free(v);
+}
+
+/* The canonical spec, and refuse codecs that need more than one message. */
+static terse_status canon(const char *spec, size_t key, const char *what, char *out, size_t cap) {
+    terse_codec *c = NULL;
+    TERSE_CHECK(terse_codec_create(spec && *spec ? spec : "none", 1, 64, &c));
+    terse_codec_traits t = TERSE_CODEC_TRAITS_INIT;
+    terse_codec_get_traits(c, &t);
+    snprintf(out, cap, "%s", terse_codec_spec(c));
+    terse_codec_free(c);
+    if (strcmp(t.name, "powersgd") == 0)
+        return TERSE_ERROR(TERSE_ERR_UNSUPPORTED,
+                           "terse_ps_declare of key %zu: the %s codec powersgd needs two rounds "
+                           "of summing (P, then Q), which a parameter server's one message per "
+                           "push does not give; use it with terse_allreduce",
+                           key, what);
+    return TERSE_OK;
+}
+
+terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n, const char *push_spec,
+                              const char *pull_spec, const float *init) {
+    if (!ps) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_declare: ps is NULL");
+    if (key != ps->nkeys)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_declare: key %zu, but keys are declared in order and the "
+                           "next is %zu",
+                           key, ps->nkeys);
+    if (n == 0 || n > TERSE_MAX_ELEMENTS)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_declare of key %zu: %zu elements", key, n);
+    if (ps->nkeys == ps->keys_cap) {
+        size_t cap = ps->keys_cap ? 2 * ps->keys_cap : 16;
+        terse__ps_key *k = realloc(ps->keys, cap * sizeof *k);
+        if (!k) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+        ps->keys = k;
+        ps->keys_cap = cap;
+    }
+    terse__ps_key *k = &ps->keys[key];
+    memset(k, 0, sizeof *k);
+    k->n = n;
+    k->chunk_floats = ps->chunk_floats;
+    k->nchunks = (n - 1) / k->chunk_floats + 1;
+    terse_status s;
+    TERSE_CHECK_GOTO(canon(push_spec, key, "push", k->push_spec, sizeof k->push_spec), s, fail);
+    TERSE_CHECK_GOTO(canon(pull_spec, key, "pull", k->pull_spec, sizeof k->pull_spec), s, fail);
+    uint8_t nb[16];
+    terse__put_u64(nb, n);
+    terse__put_u64(nb + 8, k->chunk_floats);
+    k->decl_hash = terse__crc32c_update(terse__crc32c_update(terse__crc32c_update(0, nb, 16),
+                                                             k->push_spec, strlen(k->push_spec)),
+                                        k->pull_spec, strlen(k->pull_spec));
+    size_t S = (size_t)ps->nservers;
+    k->server = calloc(k->nchunks, sizeof *k->server);
+    k->srv_nchunks = calloc(S, sizeof *k->srv_nchunks);
+    k->srv_floats = calloc(S, sizeof *k->srv_floats);
+    k->srv_push_bound = calloc(S, sizeof *k->srv_push_bound);
+    k->srv_pull_bound = calloc(S, sizeof *k->srv_pull_bound);
+    if (!k->server || !k->srv_nchunks || !k->srv_floats || !k->srv_push_bound ||
+        !k->srv_pull_bound) {
+        s = TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+        goto fail;
+    }
+    uint64_t *saved = malloc(S * sizeof *saved);
+    if (!saved) {
+        s = TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+        goto fail;
+    }
+    memcpy(saved, ps->placed, S * sizeof *saved);
+    terse__ps_place(ps, k);
+    if (!ps->is_server) {
+        s = make_codecs(k, k->push_spec, &k->push_enc, key, (uint32_t)ps->rank, "push");
+        if (s == TERSE_OK)
+            s = make_codecs(k, k->pull_spec, &k->pull_dec, key, (uint32_t)ps->rank, "pull");
+    }
+    for (size_t c = 0; s == TERSE_OK && c < k->nchunks; c++) {
+        int sv = k->server[c];
+        size_t len = c + 1 < k->nchunks ? k->chunk_floats : n - c * k->chunk_floats;
+        k->srv_nchunks[sv]++;
+        k->srv_floats[sv] += len;
+        if (k->push_enc) k->srv_push_bound[sv] += terse_codec_bound(k->push_enc[c]);
+        if (k->pull_dec) k->srv_pull_bound[sv] += terse_codec_bound(k->pull_dec[c]);
+    }
+    if (s == TERSE_OK && ps->is_server) s = terse__ps_shard_init(ps, k, init);
+    if (s != TERSE_OK) {
+        memcpy(ps->placed, saved, S * sizeof *saved);
+        free(saved);
+        goto fail;
+    }
+    free(saved);
+    ps->nkeys++;
+    return TERSE_OK;
+fail:
+    free_codecs(k->push_enc, k->nchunks);
+    free_codecs(k->pull_dec, k->nchunks);
+    free(k->server), free(k->srv_nchunks), free(k->srv_floats);
+    free(k->srv_push_bound), free(k->srv_pull_bound);
+    memset(k, 0, sizeof *k);
+    return s;
+}
+
+terse_status terse_ps_placement(const terse_ps *ps, uint64_t *bytes) {
+    if (!ps || !bytes) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_placement: NULL argument");
+    memcpy(bytes, ps->placed, (size_t)ps->nservers * sizeof *bytes);
+    return TERSE_OK;
+}
+
+int terse_ps_chunk_server(const terse_ps *ps, size_t key, size_t chunk) {
+    if (!ps || key >= ps->nkeys || chunk >= ps->keys[key].nchunks) return -1;
+    return ps->keys[key].server[chunk];
+}
+
+terse_status terse_ps_get_stats(const terse_ps *ps, terse_ps_stats *st) {
+    if (!ps || !st) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_get_stats: NULL argument");
+    if (st->size < sizeof *st)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_get_stats: stats size %zu < %zu", st->size,
+                           sizeof *st);
+    *st = ps->stats;
+    st->staleness_mean = ps->stats.pushes_applied
+                             ? (double)ps->staleness_sum / (double)ps->stats.pushes_applied
+                             : 0.0;
+    return TERSE_OK;
+}
+
+uint64_t terse_ps_worker_clock(const terse_ps *ps) { return ps ? ps->clock : 0; }
+
+terse_status terse_ps_clock(terse_ps *ps) {
+    if (!ps) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_clock: ps is NULL");
+    if (ps->is_server)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_clock on rank %d: this rank is a server",
+                           ps->rank);
+    ps->clock = ps->clock + 1 > ps->clock_floor ? ps->clock + 1 : ps->clock_floor;
+    return TERSE_OK;
+}
+
+void terse_ps_free(terse_ps *ps) {
+    if (!ps) return;
+    if (!ps->is_server && !ps->finished && ps->nkeys) (void)terse_ps_finish(ps);
+    for (size_t i = 0; i < ps->nkeys; i++) {
+        terse__ps_key *k = &ps->keys[i];
+        free_codecs(k->push_enc, k->nchunks);
+        free_codecs(k->pull_dec, k->nchunks);
+        if (k->shard) terse__ps_shard_free(ps, k->shard);
+        free(k->server), free(k->srv_nchunks), free(k->srv_floats);
+        free(k->srv_push_bound), free(k->srv_pull_bound);
+    }
+    terse__ps_worker_free(ps);
+    free(ps->keys);
+    free(ps->placed), free(ps->seq);
+    free(ps->sbuf_cap), free(ps->rbuf_cap), free(ps->sbuf), free(ps->rbuf);
+    free(ps->whdr), free(ps->wrep), free(ps->reps);
+    free(ps->peers), free(ps->inputs), free(ps->scratch);
+    free(ps->ring_hash), free(ps->ring_server);
+    if (ps->quorum_log) fclose(ps->quorum_log);
+    free(ps);
+}

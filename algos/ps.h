@@ -1,0 +1,216 @@
+/* The parameter server's internals, shared by its files (DESIGN.md,
+ * "Parameter server"):
+ *   ps.c            create, declare, config, stats, free
+ *   ps_placement.c  chunks on servers: consistent hashing, bounded loads
+ *   ps_rules.c      the aggregator and update-rule tables
+ *   ps_proto.c      the message headers both sides read and write
+ *   ps_worker.c     push, pull, pushpull, finish as engine requests
+ *   ps_server.c     the server loop
+ *
+ * Protocol. Between each worker w and server s there is one conversation
+ * at a time (the worker's engine runs its requests one after another and
+ * waits for every reply): message k of the pair uses sequence number k in
+ * its tags, so nothing can match out of turn.
+ *   worker -> server  HDR(k)   a 64-byte request header
+ *                     DATA(k)  its payload (push: the key's chunks on s,
+ *                              each one encoded message, in chunk order)
+ *   server -> worker  REP(k)   a 256-byte reply header (status, version,
+ *                              payload length, the server's sentence)
+ *                     RDATA(k) the reply payload (pull: encoded chunks)
+ * Every length is known to the receiver before it posts (the header says
+ * it, and the receiver checks it against its own bound first). */
+#ifndef TERSE_ALGOS_PS_H
+#define TERSE_ALGOS_PS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "algos/comm.h"
+#include "terse.h"
+
+#define TERSE__PS_HDR_BYTES 64
+#define TERSE__PS_REP_BYTES 256
+#define TERSE__PS_REP_TEXT (TERSE__PS_REP_BYTES - 40)
+
+enum { TERSE__PS_PUSH = 1, TERSE__PS_PULL = 2, TERSE__PS_PUSHPULL = 3, TERSE__PS_FINISH = 4 };
+enum { TERSE__PS_TAG_HDR = 0, TERSE__PS_TAG_DATA = 1, TERSE__PS_TAG_REP = 2, TERSE__PS_TAG_RDATA = 3 };
+
+static inline uint64_t terse__ps_tag(int kind, uint64_t seq) {
+    return (1ull << 47) | ((uint64_t)kind << 40) | (seq & ((1ull << 40) - 1));
+}
+
+/* A request header, decoded. */
+typedef struct terse__ps_hdr {
+    int op;
+    uint64_t key;
+    uint64_t clock;
+    uint64_t payload_len;
+    uint64_t seq;
+    uint64_t nfloats;   /* floats of the key on this server */
+    uint32_t decl_hash; /* the worker's declaration of the key */
+} terse__ps_hdr;
+
+/* A reply header, decoded. */
+typedef struct terse__ps_rep {
+    terse_status status;
+    uint64_t version;
+    uint64_t payload_len;
+    uint64_t seq;
+    uint64_t staleness;
+    char text[TERSE__PS_REP_TEXT];
+} terse__ps_rep;
+
+void terse__ps_put_hdr(uint8_t *b, const terse__ps_hdr *h);
+/* TERSE_ERR_MAGIC / TERSE_ERR_CORRUPT for a malformed header. */
+terse_status terse__ps_get_hdr(const uint8_t *b, terse__ps_hdr *h);
+void terse__ps_put_rep(uint8_t *b, const terse__ps_rep *r);
+terse_status terse__ps_get_rep(const uint8_t *b, terse__ps_rep *r);
+
+/* The length of the encoded message at p (its header's payload length
+ * plus the header), checked against the avail bytes there. Payloads are
+ * such messages back to back; terse_decode then validates each. */
+terse_status terse__ps_msg_len(const uint8_t *p, size_t avail, size_t *len);
+
+/* A pull payload shared by every worker that pulls one version. */
+typedef struct terse__ps_blob {
+    int refs;
+    uint64_t version;
+    size_t len;
+    uint8_t *data;
+} terse__ps_blob;
+
+/* The part of a key one server holds (server side). */
+typedef struct terse__ps_shard {
+    size_t nchunks;
+    size_t *chunks;     /* the key's chunk indices, ascending */
+    size_t *offs;       /* each chunk's offset in value[] */
+    size_t nfloats;
+    float *value, *mom; /* the aggregate or the parameters; momentum */
+    uint64_t version;   /* sync: steps closed; async/ssp: pushes applied */
+    terse_codec **dec;  /* per chunk: decodes pushes */
+    terse_codec **enc;  /* per chunk: encodes pulls (server-side error feedback) */
+    size_t push_bound, pull_bound;
+    /* per rank (workers' entries used) */
+    uint8_t **rx;
+    size_t *rx_cap;
+    float **got;        /* sync: the decoded push of the open step */
+    uint8_t *has;
+    int count;
+    uint64_t *pushed;   /* ssp: pushes applied from each worker (its next clock) */
+    uint64_t *pulled;   /* async: version each worker last pulled */
+    terse__ps_blob *cur;
+} terse__ps_shard;
+
+typedef struct terse__ps_key {
+    size_t n, nchunks, chunk_floats;
+    char push_spec[160], pull_spec[160];
+    uint32_t decl_hash;
+    int *server; /* per chunk */
+    /* worker side */
+    terse_codec **push_enc; /* per chunk */
+    terse_codec **pull_dec; /* per chunk */
+    size_t *srv_nchunks;    /* per server */
+    size_t *srv_floats, *srv_push_bound, *srv_pull_bound;
+    /* server side: what this rank holds (NULL if none) */
+    terse__ps_shard *shard;
+} terse__ps_key;
+
+/* The aggregator and update-rule tables (ps_rules.c). */
+typedef struct terse__ps_aggregator {
+    const char *name;
+    /* out[0..n) from in[0..k)[0..n), the inputs in worker-rank order. */
+    terse_status (*aggregate)(const float *const *in, size_t k, size_t n, float *out);
+} terse__ps_aggregator;
+
+typedef struct terse__ps_update_rule {
+    const char *name;
+    /* Apply g (n floats) with weight w to the shard's value and momentum. */
+    void (*apply)(const terse_ps_config *cfg, float *x, float *mom, const float *g, size_t n,
+                  float w);
+} terse__ps_update_rule;
+
+const terse__ps_aggregator *terse__ps_find_aggregator(const char *name);
+const terse__ps_update_rule *terse__ps_rule(terse_ps_update u);
+
+/* Per-peer server state (ps_server.c). */
+typedef struct terse__ps_peer {
+    int state;
+    uint64_t seq;
+    uint8_t hdr[TERSE__PS_HDR_BYTES];
+    uint8_t rep[TERSE__PS_REP_BYTES];
+    terse__fabric_req hreq, preq, rreq, rpreq;
+    terse__ps_hdr h;      /* the request being served */
+    terse__ps_blob *blob; /* what its reply sends */
+    uint64_t parked_ns;
+    int finished, lost;
+    int pend;             /* the kind of refusal sent once the payload is drained */
+    char pend_text[TERSE__PS_REP_TEXT];
+    uint8_t *drain;       /* where a refused payload is received */
+    size_t drain_cap;
+} terse__ps_peer;
+
+struct terse_ps {
+    terse_comm *comm;
+    terse_ps_config cfg;
+    char aggregator_name[32];
+    const terse__ps_aggregator *agg;
+    const terse__ps_update_rule *rule;
+    int rank, nranks, nservers, nworkers, is_server;
+    size_t chunk_floats;
+
+    terse__ps_key *keys;
+    size_t nkeys, keys_cap;
+    uint64_t *placed; /* bytes per server */
+    /* consistent-hash ring: nservers * vnodes points, sorted */
+    uint64_t *ring_hash;
+    int *ring_server;
+    size_t ring_len;
+
+    /* worker */
+    uint64_t clock, clock_floor;
+    uint64_t *seq;        /* per server: next message number */
+    uint8_t **sbuf;       /* per server: push payload */
+    size_t *sbuf_cap;
+    uint8_t **rbuf;       /* per server: pull payload */
+    size_t *rbuf_cap;
+    uint8_t *whdr, *wrep; /* per server: headers */
+    terse__ps_rep *reps;
+    int finished;
+    uint64_t alive_ns;
+
+    /* server */
+    terse__ps_peer *peers;
+    float *scratch;
+    size_t scratch_cap;
+    const float **inputs;
+    uint64_t heard_ns;    /* when a worker's request last arrived */
+    char broken[400];     /* sync without a quorum after a loss */
+    terse_status broken_status;
+    uint64_t staleness_sum;
+    uint64_t logged;      /* kinds of refusal already logged */
+    void *quorum_log;     /* FILE* with TERSE_PS_QUORUM_LOG */
+
+    terse_ps_stats stats;
+};
+
+/* ps_placement.c */
+terse_status terse__ps_ring_build(terse_ps *ps);
+/* Place key's chunks (bounded loads over what is placed so far). */
+terse_status terse__ps_place(terse_ps *ps, terse__ps_key *k);
+uint64_t terse__ps_mix(uint64_t x);
+
+/* ps_worker.c / ps_server.c */
+terse_status terse__ps_worker_run(terse_comm *c, terse_request *r, int *keep_usable);
+terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usable);
+terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *init);
+void terse__ps_shard_free(terse_ps *ps, terse__ps_shard *sh);
+void terse__ps_worker_free(terse_ps *ps);
+
+/* Tests: send server `server` a hand-made request (a header as
+ * terse__ps_put_hdr writes it, whose seq is filled in, and len payload
+ * bytes) and receive its reply header into *rep (blocking). Lets a test
+ * play a worker that lies, or a rank that is not a worker. */
+terse_status terse__ps_test_raw(terse_ps *ps, int server, terse__ps_hdr *h, const void *payload,
+                                size_t len, terse__ps_rep *rep);
+
+#endif
