@@ -33,12 +33,14 @@ enum { P_HDR, P_DATA, P_DRAIN, P_PARKED, P_REPLY, P_DONE };
 #define POLL_NS 1000000ull
 
 /* Kinds of refusal, for counting and log-once. */
-enum { R_KEY, R_SIZE, R_STEP, R_ROLE, R_CORRUPT, R_STALE, R_LATE, R_TIMEOUT, R_LOST };
-static const char *const kind_text[] = {"key",   "size", "step",    "role", "corrupt",
-                                        "stale", "late", "timeout", "lost"};
+enum { R_KEY, R_SIZE, R_STEP, R_CLOSED, R_ROLE, R_CORRUPT, R_STALE, R_LATE, R_TIMEOUT, R_LOST };
+static const char *const kind_text[] = {"key",     "size",  "step",  "closed step",
+                                        "role",    "corrupt", "stale", "late",
+                                        "timeout", "lost"};
 static const terse_status kind_status[] = {
-    TERSE_ERR_INVALID, TERSE_ERR_SHAPE,   TERSE_ERR_INVALID, TERSE_ERR_INVALID, TERSE_ERR_CORRUPT,
-    TERSE_ERR_STALE,   TERSE_ERR_STALE,   TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST};
+    TERSE_ERR_INVALID, TERSE_ERR_SHAPE,   TERSE_ERR_INVALID, TERSE_ERR_STALE,
+    TERSE_ERR_INVALID, TERSE_ERR_CORRUPT, TERSE_ERR_STALE,   TERSE_ERR_STALE,
+    TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST};
 
 /* ---------------------------------------------------------------- shards */
 
@@ -142,7 +144,8 @@ static void count(terse_ps *ps, int kind) {
     switch (kind) {
     case R_KEY:
     case R_SIZE: ps->stats.refused_key++; break;
-    case R_STEP: ps->stats.refused_step++; break;
+    case R_STEP:
+    case R_CLOSED: ps->stats.refused_step++; break;
     case R_ROLE: ps->stats.refused_role++; break;
     case R_CORRUPT: ps->stats.refused_corrupt++; break;
     case R_STALE: ps->stats.refused_stale++; break;
@@ -362,7 +365,10 @@ static terse_status wake(terse_ps *ps, size_t key) {
 static terse_status maybe_close(terse_ps *ps, size_t key) {
     terse__ps_shard *sh = ps->keys[key].shard;
     if (ps->cfg.mode != TERSE_PS_SYNC || !sh->count) return TERSE_OK;
-    int need = ps->cfg.quorum ? ps->cfg.quorum : active_count(ps);
+    /* A quorum of K, or every worker still active if fewer are left
+     * (the others finished or were lost). */
+    int need = active_count(ps);
+    if (ps->cfg.quorum && ps->cfg.quorum < need) need = ps->cfg.quorum;
     if (sh->count < need) return TERSE_OK;
     TERSE_CHECK(close_step(ps, key));
     return wake(ps, key);
@@ -402,7 +408,7 @@ static terse_status handle_push(terse_ps *ps, int w) {
                               "server is at step %llu); this push was dropped",
                               (unsigned long long)clock, key, ps->cfg.quorum,
                               (unsigned long long)sh->version);
-            return refuse(ps, w, R_STEP, "step %llu of key %zu is already closed (open: %llu)",
+            return refuse(ps, w, R_CLOSED, "step %llu of key %zu is already closed (open: %llu)",
                           (unsigned long long)clock, key, (unsigned long long)sh->version);
         }
         if (clock > sh->version)
@@ -543,16 +549,12 @@ static void mark_lost(terse_ps *ps, int w, const char *how) {
     fprintf(stderr, "terse: parameter server rank %d: worker rank %d was lost (%s)\n", ps->rank, w,
             how);
     if (ps->cfg.mode != TERSE_PS_SYNC || ps->broken[0]) return;
-    int left = active_count(ps);
+    /* With a quorum the steps close on the workers left. */
     if (!ps->cfg.quorum)
         snprintf(ps->broken, sizeof ps->broken,
                  "worker rank %d was lost (%s); sync mode without a quorum cannot close a step "
                  "without it",
                  w, how);
-    else if (left < ps->cfg.quorum)
-        snprintf(ps->broken, sizeof ps->broken,
-                 "worker rank %d was lost (%s); %d workers are left, fewer than the quorum of %d",
-                 w, how, left, ps->cfg.quorum);
 }
 
 /* After losses: fail the parked requests of a broken job, or go on. */

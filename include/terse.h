@@ -744,7 +744,9 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  *                    whatever the arrival order, and a pull for step t
  *                    waits for it. Workers hold bitwise-identical results.
  *   "sync:quorum=K"  backup workers: a step closes on the first K pushes
- *                    to arrive (aggregated in rank order); a later push for
+ *                    to arrive (or on every worker left, when fewer than K
+ *                    have not finished or been lost), aggregated in rank
+ *                    order whatever the arrival order; a later push for
  *                    that step is refused with TERSE_ERR_STALE and counted
  *                    (dropped: not folded into the worker's residual); the
  *                    worker pulls the newer version and goes on. With
