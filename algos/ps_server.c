@@ -746,7 +746,10 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
             sched_yield();
         }
     }
-    int clean = cancel_all(ps);
+    char why[512];
+    snprintf(why, sizeof why, "%s", terse_last_error());
+    int clean = cancel_all(ps); /* its cancellations leave sentences of their own */
+    if (s != TERSE_OK) terse__error_restore(why);
     if (s != TERSE_OK || !clean) {
         if (s == TERSE_OK)
             s = TERSE_ERROR(TERSE_ERR_TRANSPORT,
