@@ -54,6 +54,15 @@ static void usage(FILE *f) {
 "  --mode localsgd:H     Local SGD: H local steps, then average the models\n"
 "                        (what travels is the model change since the last\n"
 "                        average, compressed with the codec)\n"
+"  --mode ps:M           a parameter server (--servers S ranks besides the\n"
+"                        workers) holds the model and runs SGD with momentum;\n"
+"                        workers push gradients (--codec compresses them) and\n"
+"                        pull the parameters. M: sync, sync:quorum=K (backup\n"
+"                        workers: a step closes on the first K pushes), async,\n"
+"                        async:max_staleness=S, ssp:S (stale synchronous)\n"
+"  --servers S           parameter-server ranks in ps mode (1)\n"
+"  --straggler W:F       worker index W computes F times slower (it sleeps\n"
+"                        (F-1) x its compute time each step), in every mode\n"
 "  --dp clip=C,noise=S   clip each worker's update to L2 norm C, then add\n"
 "                        Gaussian noise of standard deviation S*C to every\n"
 "                        coordinate, before compression (see DP below)\n"
@@ -175,6 +184,17 @@ static int parse_dp(const char *text, train_options *o) {
 }
 
 static int parse_mode(const char *text, train_options *o) {
+    if (strncmp(text, "ps:", 3) == 0) {
+        terse_ps_config c = TERSE_PS_CONFIG_INIT;
+        if (strlen(text + 3) >= sizeof o->ps_mode || terse_ps_config_parse(text + 3, &c) != TERSE_OK) {
+            fprintf(stderr, WHO ": --mode '%s': %s (try terse-bench train --help)\n", text,
+                    terse_last_error());
+            return BENCH_EXIT_USAGE;
+        }
+        o->mode = TRAIN_MODE_PS;
+        snprintf(o->ps_mode, sizeof o->ps_mode, "%s", text + 3);
+        return 0;
+    }
     if (strcmp(text, "allreduce") == 0) {
         o->mode = TRAIN_MODE_ALLREDUCE;
         return 0;
@@ -316,7 +336,7 @@ static int takes_value(const char *a) {
     static const char *const names[] = {
         "--model", "-n", "--workers", "--epochs", "--batch", "--lr", "--momentum",
         "--momentum-at", "--seed", "--seeds", "--mode", "--dp", "--codec", "--codec-for",
-        "--small", "--small-codec", "--provider", "--data", "--train-limit", "--test-limit",
+        "--small", "--small-codec", "--provider", "--servers", "--straggler", "--data", "--train-limit", "--test-limit",
         "--eval-every", "--target-acc", "--plot", "--results", NULL};
     for (size_t i = 0; names[i]; i++)
         if (strcmp(a, names[i]) == 0) return 1;
@@ -361,8 +381,25 @@ static int training_option(train_options *o, parse_state *ps, const char *a, con
         o->seeds = (int)n;
         ps->have_seeds = 1;
     } else if (strcmp(a, "--mode") == 0) {
-        if (parse_mode(v, o) != 0)
-            return usage_error("--mode '%s': expected allreduce or localsgd:H (H >= 1)", v);
+        int rc = parse_mode(v, o);
+        if (rc > 0) return rc;
+        if (rc != 0)
+            return usage_error("--mode '%s': expected allreduce, localsgd:H (H >= 1) or "
+                               "ps:sync|ps:sync:quorum=K|ps:async|ps:ssp:S", v);
+    } else if (strcmp(a, "--servers") == 0) {
+        if (parse_int(v, 1, 64, &n) != 0)
+            return usage_error("--servers '%s': expected an integer in [1, 64]", v);
+        o->servers = (int)n;
+    } else if (strcmp(a, "--straggler") == 0) {
+        char *colon = strchr(v, ':'), *end = NULL;
+        double f = colon ? strtod(colon + 1, &end) : 0;
+        char idx[32] = "";
+        if (colon && (size_t)(colon - v) < sizeof idx) memcpy(idx, v, (size_t)(colon - v));
+        if (!colon || parse_int(idx, 0, 255, &n) != 0 || !end || *end || !(f >= 1.0 && f <= 100.0))
+            return usage_error("--straggler '%s': expected W:F, a worker index and a slowdown "
+                               "factor in [1, 100] (e.g. 3:3)", v);
+        o->straggler = (int)n;
+        o->straggler_factor = f;
     } else if (strcmp(a, "--dp") == 0) {
         if (parse_dp(v, o) != 0)
             return usage_error("--dp '%s': expected clip=C,noise=S with C > 0, S >= 0", v);
@@ -473,6 +510,21 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
         return usage_error("%s", "--sweep chooses the codecs itself; drop --codec");
     if (o->sweep && o->mode != TRAIN_MODE_ALLREDUCE)
         return usage_error("%s", "--sweep sets the mode of each run; drop --mode");
+    if (o->servers && o->mode != TRAIN_MODE_PS)
+        return usage_error("%s", "--servers applies to --mode ps:... only");
+    if (o->straggler >= o->workers) {
+        char why[96];
+        snprintf(why, sizeof why, "%d: there are only %d workers", o->straggler, o->workers);
+        return usage_error("--straggler %s", why);
+    }
+    if (o->straggler == 0 && o->mode == TRAIN_MODE_PS)
+        return usage_error("%s", "--straggler 0: in ps mode worker 0 takes the snapshots the "
+                                 "evaluation reads; make another worker the straggler");
+    if (o->mode == TRAIN_MODE_PS && (o->dp || o->local_momentum || o->n_overrides))
+        return usage_error("%s", "--mode ps:... takes neither --dp, --momentum-at local nor "
+                                 "--codec-for");
+    if (o->mode == TRAIN_MODE_PS && o->workers + (o->servers ? o->servers : 1) > 256)
+        return usage_error("%s", "too many processes");
     if (o->sweep && o->model != MODEL_MLP)
         return usage_error("%s", "--sweep trains the MLP; drop --model");
     if (o->plot && !o->sweep) return usage_error("%s", "--plot draws the sweep: add --sweep");
@@ -526,6 +578,7 @@ int train_parse_args(int argc, char **argv, train_options *o) {
     o->data_dir = TRAIN_DEFAULT_DATA;
     o->small = 4096;
     o->small_codec = TRAIN_DENSE;
+    o->straggler = -1;
     parse_state ps = {TRAIN_DENSE, 0, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -563,8 +616,8 @@ int train_launch(int argc, char **argv, const train_options *o) {
     }
     /* Workers run OpenBLAS on one thread each (train_worker.c), for
      * determinism; nothing to share out. */
-    int rc = bench_run_workers(WHO, o->workers, o->provider ? o->provider : "shm", argc, argv,
-                               results, 1);
+    int rc = bench_run_workers(WHO, train_processes(o), o->provider ? o->provider : "shm", argc,
+                               argv, results, 1);
     train_record *recs = NULL;
     int n = train_record_read_all(results, &recs);
     unlink(results);
@@ -593,6 +646,10 @@ int train_launch(int argc, char **argv, const train_options *o) {
         return BENCH_EXIT_RUNTIME;
     }
     return failed ? BENCH_EXIT_RUNTIME : BENCH_EXIT_OK;
+}
+
+int train_processes(const train_options *o) {
+    return o->workers + (o->mode == TRAIN_MODE_PS ? (o->servers ? o->servers : 1) : 0);
 }
 
 int bench_train_main(int argc, char **argv) {

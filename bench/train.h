@@ -124,7 +124,7 @@ void train_add_gaussian(float *x, size_t n, double sd, uint64_t *s);
 #define TRAIN_MAX_OVERRIDES 8
 #define TRAIN_DENSE "dense" /* the spec meaning "no codec" */
 
-typedef enum { TRAIN_MODE_ALLREDUCE, TRAIN_MODE_LOCALSGD } train_mode;
+typedef enum { TRAIN_MODE_ALLREDUCE, TRAIN_MODE_LOCALSGD, TRAIN_MODE_PS } train_mode;
 
 /* One training configuration: what a row of the sweep is. */
 typedef struct {
@@ -151,6 +151,10 @@ typedef struct {
     const char *data_dir;
     train_mode mode;
     int local_steps;       /* H for localsgd:H */
+    char ps_mode[64];      /* --mode ps:SPEC: SPEC (terse_ps_config_parse) */
+    int servers;           /* --servers S: parameter-server ranks (1) */
+    int straggler;         /* --straggler W:F: worker index W is F times slower (-1: none) */
+    double straggler_factor;
     int dp;                /* --dp given */
     double dp_clip, dp_noise;
     const char *overrides[TRAIN_MAX_OVERRIDES]; /* "NAME=SPEC" for --codec-for */
@@ -200,6 +204,8 @@ int train_record_read_all(const char *path, train_record **out);
 
 int train_parse_args(int argc, char **argv, train_options *o);
 int train_worker_main(const train_options *o);
+/* Processes a run needs: the workers, plus the servers in ps mode. */
+int train_processes(const train_options *o);
 int train_launch(int argc, char **argv, const train_options *o);
 void train_report(const train_options *o, const train_record *recs, int n);
 int train_plot(const train_options *o, const train_record *recs, int n);

@@ -185,9 +185,18 @@ static void print_setup(const train_options *o) {
         printf("seed %llu, ", (unsigned long long)o->seed);
     if (o->mode == TRAIN_MODE_LOCALSGD)
         printf("Local SGD (average every %d steps)\n", o->local_steps);
+    else if (o->mode == TRAIN_MODE_PS)
+        printf("parameter server ps:%s, %d server%s (SGD with momentum on the server)\n",
+               o->ps_mode, o->servers ? o->servers : 1, o->servers > 1 ? "s" : "");
     else
         printf("synchronous SGD\n");
-    if (o->small > 0) {
+    if (o->straggler >= 0)
+        printf("# straggler: worker %d computes %gx slower (it sleeps the difference)\n",
+               o->straggler, o->straggler_factor);
+    if (o->mode == TRAIN_MODE_PS)
+        printf("# ps: one key per tensor (small tensors dense), pulls dense; accuracy of the "
+               "parameters worker 0 pulled, at worker 0's wall time\n");
+    else if (o->small > 0) {
         /* Name the tensors the threshold catches, from the model itself. */
         char names[64] = "";
         model *m = model_create(o->model, 1, 0);

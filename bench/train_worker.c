@@ -8,63 +8,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <terse.h>
 
 #include "bench.h"
 #include "train.h"
+#include "train_worker.h"
 
-#define WHO "terse-bench train"
-#define EVAL_CHUNK 1000
-/* Seconds between progress lines on stderr. */
-#define PROGRESS_SECONDS 2.0
 
-/* ---------------------------------------------------------------- state */
-
-typedef struct {
-    const train_options *o;
-    terse_comm *comm;
-    int rank, nworkers;
-    dataset train, test;
-    size_t *shard, shard_n; /* this worker's training examples */
-    size_t *perm, n_used;   /* scratch for dealing shards; examples in use */
-    long steps_per_epoch;
-    size_t test_lo, test_hi; /* this worker's slice of the test set */
-    float *x;
-    uint8_t *y;
-    FILE *results;
-    train_record *kept; /* rank 0 without --results: printed at the end */
-    int n_kept, cap_kept;
-    double *gathered;   /* nworkers x G_FIELDS, for evaluate() */
-    double last_progress;
-} worker;
-
-/* What one worker has done so far in one run (sums; rank 0 gathers). */
-typedef struct {
-    double bytes, compute_s, codec_s, network_s, wall_s;
-    double loss_sum, loss_count; /* training loss since the last record */
-} tally;
-
-typedef struct {
-    const train_run *cfg;
-    int index;
-    model *m;
-    size_t nt;
-    terse_codec *codec[MODEL_MAX_TENSORS]; /* NULL: dense, unless in_bucket */
-    int in_bucket[MODEL_MAX_TENSORS];       /* packed into the bucket */
-    int sparsifier[MODEL_MAX_TENSORS];      /* topk or randk with ef=1 */
-    terse_codec *bucket_codec;              /* NULL: the bucket travels dense */
-    float *velocity[MODEL_MAX_TENSORS];
-    float *anchor[MODEL_MAX_TENSORS]; /* Local SGD: the model at the last average */
-    float *fused;                     /* the bucket: small (or dense) tensors, packed */
-    size_t fused_n;
-    size_t *order; /* this epoch's order of the shard */
-    long exchanges, step, steps_total, unsynced;
-    uint64_t dp_stream;
-    tally t;
-} run_state;
-
-static int fail(const worker *w, const char *what, terse_status s) {
+int train_fail(const worker *w, const char *what, terse_status s) {
     fprintf(stderr, WHO ": rank %d: %s: %s (%s)\n", w->rank, what, terse_last_error(),
             terse_status_name(s));
     return -1;
@@ -72,7 +25,7 @@ static int fail(const worker *w, const char *what, terse_status s) {
 
 /* ---------------------------------------------------------------- data */
 
-static int load_data(worker *w) {
+int train_load_data(worker *w) {
     const train_options *o = w->o;
     char err[512];
     if (dataset_load(o->data_dir, "train", &w->train, err, sizeof err) != 0 ||
@@ -114,7 +67,7 @@ static int load_data(worker *w) {
     return 0;
 }
 
-static void fill_batch(worker *w, const dataset *d, const size_t *idx, size_t first, size_t b) {
+void train_fill_batch(worker *w, const dataset *d, const size_t *idx, size_t first, size_t b) {
     const float scale = 1.0f / 255.0f;
     for (size_t j = 0; j < b; j++) {
         size_t e = idx ? idx[first + j] : first + j;
@@ -129,7 +82,7 @@ static void fill_batch(worker *w, const dataset *d, const size_t *idx, size_t fi
 
 /* The codec spec for tensor t: --codec-for, else NULL (the small bucket)
  * below --small elements, else the run's. */
-static const char *spec_for(const worker *w, const run_state *r, const model_tensor *t) {
+const char *train_spec_for(const worker *w, const run_state *r, const model_tensor *t) {
     const train_options *o = w->o;
     size_t len = strlen(t->name);
     for (size_t i = 0; i < o->n_overrides; i++)
@@ -178,7 +131,7 @@ static terse_status make_codec(const worker *w, const run_state *r, const char *
 
 /* Shards: a permutation of the first n examples keyed by the run's seed,
  * dealt round-robin. */
-static void deal_shard(worker *w, uint64_t seed) {
+void train_deal_shard(worker *w, uint64_t seed) {
     size_t n = w->n_used;
     for (size_t i = 0; i < n; i++) w->perm[i] = i;
     train_shuffle(w->perm, n, train_stream_key(seed, 0x5ba4d, 0));
@@ -191,22 +144,22 @@ static int run_setup(worker *w, run_state *r, int index) {
     memset(r, 0, sizeof *r);
     r->cfg = &o->runs[index];
     r->index = index;
-    deal_shard(w, r->cfg->seed);
+    train_deal_shard(w, r->cfg->seed);
     size_t chunk = o->batch > EVAL_CHUNK ? o->batch : EVAL_CHUNK;
     r->m = model_create(o->model, chunk, r->cfg->seed);
-    if (!r->m) return fail(w, "creating the model", TERSE_ERR_NOMEM);
+    if (!r->m) return train_fail(w, "creating the model", TERSE_ERR_NOMEM);
     r->nt = model_tensor_count(r->m);
     int bucket_dense = strcmp(r->cfg->small_codec, TRAIN_DENSE) == 0;
     for (size_t i = 0; i < r->nt; i++) {
         model_tensor *t = model_tensor_at(r->m, i);
-        const char *spec = spec_for(w, r, t);
+        const char *spec = train_spec_for(w, r, t);
         int dense = spec && strcmp(spec, TRAIN_DENSE) == 0;
         if (!spec || (dense && bucket_dense)) {
             r->in_bucket[i] = 1;
             r->fused_n += t->n;
         } else if (!dense) {
             terse_status s = make_codec(w, r, spec, t->rows, t->cols, i, &r->codec[i]);
-            if (s != TERSE_OK) return fail(w, spec, s);
+            if (s != TERSE_OK) return train_fail(w, spec, s);
             terse_codec_traits tr;
             memset(&tr, 0, sizeof tr);
             tr.size = sizeof tr;
@@ -215,24 +168,24 @@ static int run_setup(worker *w, run_state *r, int index) {
                 r->sparsifier[i] = 1;
         }
         r->velocity[i] = calloc(t->n, sizeof(float));
-        if (!r->velocity[i]) return fail(w, "allocating momentum", TERSE_ERR_NOMEM);
+        if (!r->velocity[i]) return train_fail(w, "allocating momentum", TERSE_ERR_NOMEM);
         if (r->cfg->local_steps) {
             r->anchor[i] = malloc(t->n * sizeof(float));
-            if (!r->anchor[i]) return fail(w, "allocating the anchor", TERSE_ERR_NOMEM);
+            if (!r->anchor[i]) return train_fail(w, "allocating the anchor", TERSE_ERR_NOMEM);
             memcpy(r->anchor[i], t->value, t->n * sizeof(float));
         }
     }
     if (r->fused_n) {
         if (!(r->fused = malloc(r->fused_n * sizeof(float))))
-            return fail(w, "allocating the small-tensor bucket", TERSE_ERR_NOMEM);
+            return train_fail(w, "allocating the small-tensor bucket", TERSE_ERR_NOMEM);
         if (!bucket_dense) {
             terse_status s = make_codec(w, r, r->cfg->small_codec, r->fused_n, 1,
                                         MODEL_MAX_TENSORS, &r->bucket_codec);
-            if (s != TERSE_OK) return fail(w, r->cfg->small_codec, s);
+            if (s != TERSE_OK) return train_fail(w, r->cfg->small_codec, s);
         }
     }
     if (!(r->order = malloc(w->shard_n * sizeof *r->order)))
-        return fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
+        return train_fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
     r->steps_total = w->steps_per_epoch * o->epochs;
     r->dp_stream = train_stream_key(r->cfg->seed, 0xd9, (uint64_t)w->rank);
     return 0;
@@ -261,12 +214,12 @@ static void privatize(const worker *w, run_state *r) {
 static int exchange(worker *w, run_state *r) {
     terse_comm_stats s0 = TERSE_COMM_STATS_INIT, s1 = TERSE_COMM_STATS_INIT;
     terse_status s = terse_comm_get_stats(w->comm, &s0);
-    if (s != TERSE_OK) return fail(w, "reading statistics", s);
+    if (s != TERSE_OK) return train_fail(w, "reading statistics", s);
     for (size_t i = 0; i < r->nt; i++) {
         if (r->in_bucket[i]) continue;
         model_tensor *t = model_tensor_at(r->m, i);
         s = terse_allreduce(w->comm, t->grad, t->n, r->codec[i], TERSE_OP_AVG);
-        if (s != TERSE_OK) return fail(w, "allreduce", s);
+        if (s != TERSE_OK) return train_fail(w, "allreduce", s);
     }
     if (r->fused_n) {
         size_t off = 0;
@@ -277,7 +230,7 @@ static int exchange(worker *w, run_state *r) {
             off += t->n;
         }
         s = terse_allreduce(w->comm, r->fused, r->fused_n, r->bucket_codec, TERSE_OP_AVG);
-        if (s != TERSE_OK) return fail(w, "allreduce (small-tensor bucket)", s);
+        if (s != TERSE_OK) return train_fail(w, "allreduce (small-tensor bucket)", s);
         off = 0;
         for (size_t i = 0; i < r->nt; i++) {
             model_tensor *t = model_tensor_at(r->m, i);
@@ -287,7 +240,7 @@ static int exchange(worker *w, run_state *r) {
         }
     }
     s = terse_comm_get_stats(w->comm, &s1);
-    if (s != TERSE_OK) return fail(w, "reading statistics", s);
+    if (s != TERSE_OK) return train_fail(w, "reading statistics", s);
     r->t.bytes += (double)(s1.wire_bytes_sent - s0.wire_bytes_sent);
     r->t.codec_s += s1.codec_seconds - s0.codec_seconds;
     r->t.network_s += s1.network_seconds - s0.network_seconds;
@@ -367,12 +320,24 @@ static int local_average(worker *w, run_state *r) {
     return 0;
 }
 
+/* --straggler W:F: worker W's compute since t0 takes F times as long (it
+ * sleeps the difference: a slow machine, not a busy one). */
+void train_straggle(const worker *w, double t0) {
+    if (w->rank != w->o->straggler) return;
+    double extra = (w->o->straggler_factor - 1.0) * (bench_now() - t0);
+    if (extra > 0) {
+        struct timespec ts = {(time_t)extra, (long)((extra - (double)(time_t)extra) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* One step: forward/backward on the next batch, then exchange and update. */
 static int train_step(worker *w, run_state *r, const size_t *order, long k) {
     const train_options *o = w->o;
     double t0 = bench_now();
-    fill_batch(w, &w->train, order, (size_t)k * o->batch, o->batch);
+    train_fill_batch(w, &w->train, order, (size_t)k * o->batch, o->batch);
     double loss = model_forward_backward(r->m, w->x, w->y, o->batch);
+    train_straggle(w, t0);
     r->t.loss_sum += loss;
     r->t.loss_count += 1;
     if (!r->cfg->local_steps) {
@@ -409,7 +374,7 @@ static int train_step(worker *w, run_state *r, const size_t *order, long k) {
 
 /* Rank 0 keeps a record: into --results (flushed, so a launcher reading
  * after a failure still has every finished evaluation), or in memory. */
-static int keep_record(worker *w, const train_record *rec) {
+int train_keep_record(worker *w, const train_record *rec) {
     if (w->results) {
         train_record_write(w->results, rec);
         if (fflush(w->results) != 0 || ferror(w->results)) {
@@ -441,7 +406,7 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
     double loss = 0;
     for (size_t lo = w->test_lo; lo < w->test_hi; lo += EVAL_CHUNK) {
         size_t b = w->test_hi - lo < EVAL_CHUNK ? w->test_hi - lo : EVAL_CHUNK, c = 0;
-        fill_batch(w, &w->test, NULL, lo, b);
+        train_fill_batch(w, &w->test, NULL, lo, b);
         loss += model_evaluate(r->m, w->x, w->y, b, &c) * (double)b;
         correct += c;
     }
@@ -459,7 +424,7 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
     double *all = w->gathered;
     terse_status s = terse_allgather(w->comm, mine, sizeof mine, all,
                                      (size_t)w->nworkers * sizeof mine, NULL);
-    if (s != TERSE_OK) return fail(w, "gathering evaluation results", s);
+    if (s != TERSE_OK) return train_fail(w, "gathering evaluation results", s);
     if (w->rank == 0) {
         double sum[G_FIELDS] = {0}, max[G_FIELDS] = {0};
         for (int k = 0; k < w->nworkers; k++)
@@ -498,7 +463,7 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
                     r->step, r->steps_total, rec.test_acc, rec.train_loss, rec.bytes_sent,
                     rec.wall_s);
         w->last_progress = bench_now();
-        if (keep_record(w, &rec) != 0) return -1;
+        if (train_keep_record(w, &rec) != 0) return -1;
     }
     return 0;
 }
@@ -521,7 +486,7 @@ static int train_run_one(worker *w, int index) {
     float not_ready = rc == 0 ? 0.0f : 1.0f;
     terse_status s = terse_allreduce(w->comm, &not_ready, 1, NULL, TERSE_OP_SUM);
     if (s != TERSE_OK || not_ready != 0.0f) {
-        if (s != TERSE_OK) fail(w, "agreeing to start", s);
+        if (s != TERSE_OK) train_fail(w, "agreeing to start", s);
         run_free(&r);
         return -1;
     }
@@ -568,31 +533,36 @@ int train_worker_main(const train_options *o) {
                 terse_status_name(s));
         return BENCH_EXIT_RUNTIME;
     }
-    w.rank = terse_comm_rank(w.comm);
-    w.nworkers = terse_comm_size(w.comm);
-    int rc = load_data(&w);
-    if (rc == 0 && !(w.gathered = calloc((size_t)w.nworkers * G_FIELDS, sizeof(double)))) {
-        fprintf(stderr, WHO ": rank %d: out of memory\n", w.rank);
-        rc = -1;
+    int rc = 0;
+    if (o->mode == TRAIN_MODE_PS) {
+        rc = train_ps_main(&w);
+    } else {
+        w.rank = terse_comm_rank(w.comm);
+        w.nworkers = terse_comm_size(w.comm);
+        rc = train_load_data(&w);
+        if (rc == 0 && !(w.gathered = calloc((size_t)w.nworkers * G_FIELDS, sizeof(double)))) {
+            fprintf(stderr, WHO ": rank %d: out of memory\n", w.rank);
+            rc = -1;
+        }
+        if (rc == 0 && w.rank == 0 && o->results && !(w.results = fopen(o->results, "w"))) {
+            fprintf(stderr, WHO ": rank 0: cannot write %s: %s\n", o->results, strerror(errno));
+            rc = -1;
+        }
+        /* Agree that every worker is ready (data, memory, the results file)
+         * before training starts, so none fails alone inside a collective. */
+        float bad = rc == 0 ? 0.0f : 1.0f;
+        s = terse_allreduce(w.comm, &bad, 1, NULL, TERSE_OP_SUM);
+        if (s != TERSE_OK || bad != 0.0f) {
+            if (s != TERSE_OK) train_fail(&w, "agreeing to start", s);
+            rc = -1;
+        }
+        if (rc == 0 && w.rank == 0 && !o->quiet)
+            fprintf(stderr, WHO ": %d workers over %s, %zu training examples each, %ld steps "
+                            "per epoch, %zu test examples\n",
+                    w.nworkers, terse_comm_provider(w.comm), w.shard_n, w.steps_per_epoch,
+                    w.test.n);
+        for (size_t i = 0; i < o->n_runs && rc == 0; i++) rc = train_run_one(&w, (int)i);
     }
-    if (rc == 0 && w.rank == 0 && o->results && !(w.results = fopen(o->results, "w"))) {
-        fprintf(stderr, WHO ": rank 0: cannot write %s: %s\n", o->results, strerror(errno));
-        rc = -1;
-    }
-    /* Agree that every worker is ready (data, memory, the results file)
-     * before training starts, so none fails alone inside a collective. */
-    float bad = rc == 0 ? 0.0f : 1.0f;
-    s = terse_allreduce(w.comm, &bad, 1, NULL, TERSE_OP_SUM);
-    if (s != TERSE_OK || bad != 0.0f) {
-        if (s != TERSE_OK) fail(&w, "agreeing to start", s);
-        rc = -1;
-    }
-    if (rc == 0 && w.rank == 0 && !o->quiet)
-        fprintf(stderr, WHO ": %d workers over %s, %zu training examples each, %ld steps "
-                        "per epoch, %zu test examples\n",
-                w.nworkers, terse_comm_provider(w.comm), w.shard_n, w.steps_per_epoch,
-                w.test.n);
-    for (size_t i = 0; i < o->n_runs && rc == 0; i++) rc = train_run_one(&w, (int)i);
     if (w.results && fclose(w.results) != 0) rc = -1;
     if (rc == 0 && w.rank == 0 && !o->results) train_report(o, w.kept, w.n_kept);
     free(w.kept);

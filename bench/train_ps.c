@@ -1,0 +1,312 @@
+/* terse-bench train --mode ps:M, every rank's role (train_worker.h).
+ *
+ * Ranks [0, S) are parameter servers: they hold the model (initialised as
+ * every rank initialises it) and run SGD with momentum on the gradients
+ * the workers push. Ranks [S, S + W) are workers 0..W-1: each computes a
+ * gradient on its shard, pushes it (compressed with the run's codec, error
+ * feedback on the worker) and pulls the parameters back.
+ *
+ * Evaluation must not stop the clock of one worker while the others run
+ * on (async modes would gain from it), so worker 0 only keeps snapshots
+ * of the parameters it pulled (a copy, at every --eval-every steps and at
+ * each epoch's end, with its wall time) and evaluates them after training.
+ * The time axis is worker 0's wall time: keep the straggler off worker 0
+ * (the options refuse --straggler 0). Bytes are worker 0's until the last
+ * record, which has the maximum over workers. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <terse.h>
+
+#include "bench.h"
+#include "train.h"
+#include "train_worker.h"
+
+enum { T_BYTES, T_COMPUTE, T_CODEC, T_NET, T_WALL, T_STALE, T_FIELDS };
+
+typedef struct {
+    long step;
+    int epoch;
+    double wall_s, bytes, loss_sum, loss_count;
+    float *params; /* every tensor, concatenated */
+} snapshot;
+
+typedef struct {
+    snapshot *v;
+    size_t n, cap;
+} snapshots;
+
+static int snap(worker *w, snapshots *ss, model *m, long step, int epoch, double wall, double bytes,
+                double *loss_sum, double *loss_count) {
+    if (ss->n == ss->cap) {
+        size_t cap = ss->cap ? 2 * ss->cap : 32;
+        snapshot *v = realloc(ss->v, cap * sizeof *v);
+        if (!v) return train_fail(w, "keeping a snapshot", TERSE_ERR_NOMEM);
+        ss->v = v;
+        ss->cap = cap;
+    }
+    snapshot *s = &ss->v[ss->n];
+    size_t total = model_param_count(m), off = 0;
+    if (!(s->params = malloc(total * sizeof(float))))
+        return train_fail(w, "keeping a snapshot", TERSE_ERR_NOMEM);
+    for (size_t i = 0; i < model_tensor_count(m); i++) {
+        const model_tensor *t = model_tensor_at(m, i);
+        memcpy(s->params + off, t->value, t->n * sizeof(float));
+        off += t->n;
+    }
+    s->step = step;
+    s->epoch = epoch;
+    s->wall_s = wall;
+    s->bytes = bytes;
+    s->loss_sum = *loss_sum;
+    s->loss_count = *loss_count;
+    *loss_sum = *loss_count = 0;
+    ss->n++;
+    return 0;
+}
+
+static double wire_sent(const worker *w) {
+    terse_comm_stats st = TERSE_COMM_STATS_INIT;
+    terse_comm_get_stats(w->comm, &st);
+    return (double)st.wire_bytes_sent;
+}
+
+/* Push every tensor's gradient, then pull every tensor's parameters, all
+ * in flight together: the pushes reach the servers before the first pull
+ * waits for its step to close, so a step costs one wait, not one per
+ * tensor. A push the server refuses as late or stale (a quorum closed the
+ * step without it, or max_staleness) is dropped; the pull that follows
+ * brings the newer parameters. */
+static int exchange(worker *w, terse_ps *ps, model *m, double *stale) {
+    terse_request *req[2 * MODEL_MAX_TENSORS] = {0};
+    size_t nt = model_tensor_count(m);
+    int rc = 0;
+    for (size_t i = 0; i < nt && rc == 0; i++) {
+        terse_status s = terse_ps_push(ps, i, model_tensor_at(m, i)->grad, &req[i]);
+        if (s != TERSE_OK) rc = train_fail(w, "terse_ps_push", s);
+    }
+    for (size_t i = 0; i < nt && rc == 0; i++) {
+        terse_status s = terse_ps_pull(ps, i, model_tensor_at(m, i)->value, &req[nt + i]);
+        if (s != TERSE_OK) rc = train_fail(w, "terse_ps_pull", s);
+    }
+    for (size_t i = 0; i < 2 * nt; i++) {
+        if (!req[i]) continue;
+        terse_status s = terse_request_wait(req[i]);
+        terse_request_free(req[i]);
+        if (s == TERSE_ERR_STALE && i < nt) {
+            *stale += 1;
+            continue;
+        }
+        if (s != TERSE_OK && rc == 0) rc = train_fail(w, i < nt ? "terse_ps_push" : "terse_ps_pull", s);
+    }
+    return rc;
+}
+
+static int worker_train(worker *w, terse_ps *ps, run_state *r, snapshots *ss, double *sums) {
+    const train_options *o = w->o;
+    model *m = r->m;
+    size_t nt = model_tensor_count(m);
+    for (size_t i = 0; i < nt; i++) {
+        terse_status s = terse_ps_pull(ps, i, model_tensor_at(m, i)->value, NULL);
+        if (s != TERSE_OK) return train_fail(w, "the first terse_ps_pull", s);
+    }
+    double start = bench_now(), loss_sum = 0, loss_count = 0, last_progress = start;
+    double b0 = wire_sent(w);
+    terse_comm_stats s0 = TERSE_COMM_STATS_INIT;
+    terse_comm_get_stats(w->comm, &s0);
+    for (int e = 1; e <= o->epochs; e++) {
+        memcpy(r->order, w->shard, w->shard_n * sizeof *r->order);
+        train_shuffle(r->order, w->shard_n,
+                      train_stream_key(r->cfg->seed, (uint64_t)e, (uint64_t)w->rank + 1));
+        for (long k = 0; k < w->steps_per_epoch; k++) {
+            double t0 = bench_now();
+            train_fill_batch(w, &w->train, r->order, (size_t)k * o->batch, o->batch);
+            loss_sum += model_forward_backward(m, w->x, w->y, o->batch);
+            loss_count += 1;
+            train_straggle(w, t0);
+            sums[T_COMPUTE] += bench_now() - t0;
+            if (exchange(w, ps, m, &sums[T_STALE]) != 0) return -1;
+            terse_status s = terse_ps_clock(ps);
+            if (s != TERSE_OK) return train_fail(w, "terse_ps_clock", s);
+            r->step++;
+            int last = k + 1 == w->steps_per_epoch;
+            if (w->rank == 0 && ((o->eval_every && r->step % o->eval_every == 0) || last) &&
+                snap(w, ss, m, r->step, e, bench_now() - start, wire_sent(w) - b0, &loss_sum,
+                     &loss_count) != 0)
+                return -1;
+            if (w->rank == 0 && !o->quiet && bench_now() - last_progress >= PROGRESS_SECONDS) {
+                last_progress = bench_now();
+                fprintf(stderr, WHO ": [%d/%zu] ps:%s %s: epoch %d, step %ld/%ld\n",
+                        r->index + 1, o->n_runs, o->ps_mode, r->cfg->label, e, r->step,
+                        r->steps_total);
+            }
+        }
+    }
+    terse_comm_stats s1 = TERSE_COMM_STATS_INIT;
+    terse_comm_get_stats(w->comm, &s1);
+    sums[T_BYTES] = (double)(s1.wire_bytes_sent - s0.wire_bytes_sent);
+    sums[T_CODEC] = s1.codec_seconds - s0.codec_seconds;
+    sums[T_NET] = s1.network_seconds - s0.network_seconds;
+    sums[T_WALL] = bench_now() - start;
+    return 0;
+}
+
+/* Worker 0, after training: evaluate every snapshot on the whole test set. */
+static int evaluate_snapshots(worker *w, run_state *r, const snapshots *ss, const double *max) {
+    model *m = r->m;
+    for (size_t k = 0; k < ss->n; k++) {
+        const snapshot *sn = &ss->v[k];
+        size_t off = 0;
+        for (size_t i = 0; i < model_tensor_count(m); i++) {
+            model_tensor *t = model_tensor_at(m, i);
+            memcpy(t->value, sn->params + off, t->n * sizeof(float));
+            off += t->n;
+        }
+        size_t correct = 0;
+        double loss = 0;
+        for (size_t lo = 0; lo < w->test.n; lo += EVAL_CHUNK) {
+            size_t b = w->test.n - lo < EVAL_CHUNK ? w->test.n - lo : EVAL_CHUNK, c = 0;
+            train_fill_batch(w, &w->test, NULL, lo, b);
+            loss += model_evaluate(m, w->x, w->y, b, &c) * (double)b;
+            correct += c;
+        }
+        int final = k + 1 == ss->n;
+        train_record rec;
+        memset(&rec, 0, sizeof rec);
+        rec.run = r->index;
+        rec.group = r->cfg->group;
+        rec.seed = r->cfg->seed;
+        rec.final = final;
+        rec.epoch = sn->epoch;
+        rec.step = sn->step;
+        rec.steps_total = r->steps_total;
+        rec.test_acc = 100.0 * (double)correct / (double)w->test.n;
+        rec.test_loss = loss / (double)w->test.n;
+        rec.train_loss = sn->loss_count > 0 ? sn->loss_sum / sn->loss_count : NAN;
+        rec.bytes_sent = final ? max[T_BYTES] : sn->bytes;
+        /* What a worker sends with a PS: the model, once per step, dense. */
+        rec.dense_bytes = 4.0 * (double)model_param_count(m) * (double)sn->step;
+        rec.compute_s = max[T_COMPUTE];
+        rec.codec_s = max[T_CODEC];
+        rec.network_s = max[T_NET];
+        rec.wall_s = sn->wall_s;
+        snprintf(rec.codec, sizeof rec.codec, "%s", r->cfg->codec);
+        snprintf(rec.label, sizeof rec.label, "ps:%.24s %.32s", w->o->ps_mode, r->cfg->label);
+        rec.ef = r->cfg->ef;
+        if (!w->o->quiet)
+            fprintf(stderr, WHO ": [%d/%zu] %s: epoch %d, step %ld/%ld: test %.2f%%, %.1f s\n",
+                    r->index + 1, w->o->n_runs, rec.label, rec.epoch, rec.step, rec.steps_total,
+                    rec.test_acc, rec.wall_s);
+        if (train_keep_record(w, &rec) != 0) return -1;
+    }
+    return 0;
+}
+
+static int run_one(worker *w, int index, int servers, int is_server) {
+    const train_options *o = w->o;
+    run_state r;
+    memset(&r, 0, sizeof r);
+    r.cfg = &o->runs[index];
+    r.index = index;
+    size_t chunk = o->batch > EVAL_CHUNK ? o->batch : EVAL_CHUNK;
+    if (!(r.m = model_create(o->model, chunk, r.cfg->seed)))
+        return train_fail(w, "creating the model", TERSE_ERR_NOMEM);
+    int rc = 0;
+    if (!is_server) {
+        train_deal_shard(w, r.cfg->seed);
+        if (!(r.order = malloc(w->shard_n * sizeof *r.order)))
+            rc = train_fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
+        r.steps_total = w->steps_per_epoch * o->epochs;
+    }
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    cfg.num_servers = servers;
+    cfg.update = TERSE_PS_UPDATE_SGD;
+    cfg.lr = (float)o->lr;
+    cfg.momentum = (float)o->momentum;
+    terse_ps *ps = NULL;
+    terse_status s = terse_ps_config_parse(o->ps_mode, &cfg);
+    if (s == TERSE_OK) s = terse_ps_create(w->comm, &cfg, &ps);
+    if (s != TERSE_OK) rc = train_fail(w, "terse_ps_create", s);
+    for (size_t i = 0; rc == 0 && i < model_tensor_count(r.m); i++) {
+        model_tensor *t = model_tensor_at(r.m, i);
+        const char *spec = train_spec_for(w, &r, t);
+        if (spec && strcmp(spec, TRAIN_DENSE) == 0) spec = NULL;
+        s = terse_ps_declare(ps, i, t->n, spec, NULL, t->value);
+        if (s != TERSE_OK) rc = train_fail(w, "terse_ps_declare", s);
+    }
+    double mine[T_FIELDS] = {0};
+    snapshots ss = {0};
+    if (rc == 0 && is_server) {
+        s = terse_ps_serve(ps);
+        if (s != TERSE_OK) rc = train_fail(w, "terse_ps_serve", s);
+    } else if (rc == 0) {
+        rc = worker_train(w, ps, &r, &ss, mine);
+        s = terse_ps_finish(ps);
+        if (s != TERSE_OK && rc == 0) rc = train_fail(w, "terse_ps_finish", s);
+    }
+    /* Serving has ended everywhere: collectives work again. */
+    int nranks = terse_comm_size(w->comm);
+    double *all = rc == 0 ? calloc((size_t)nranks * T_FIELDS, sizeof(double)) : NULL;
+    if (rc == 0 && !all) rc = train_fail(w, "gathering", TERSE_ERR_NOMEM);
+    if (rc == 0) {
+        s = terse_allgather(w->comm, mine, sizeof mine, all, (size_t)nranks * sizeof mine, NULL);
+        if (s != TERSE_OK) rc = train_fail(w, "gathering the tallies", s);
+    }
+    if (rc == 0 && !is_server && w->rank == 0) {
+        double max[T_FIELDS] = {0}, stale = 0;
+        for (int k = servers; k < nranks; k++)
+            for (int f = 0; f < T_FIELDS; f++) {
+                double v = all[k * T_FIELDS + f];
+                if (v > max[f]) max[f] = v;
+                if (f == T_STALE) stale += v;
+            }
+        if (!o->quiet && stale > 0)
+            fprintf(stderr, WHO ": ps:%s: %.0f pushes were refused as late or stale and dropped\n",
+                    o->ps_mode, stale);
+        rc = evaluate_snapshots(w, &r, &ss, max);
+    }
+    free(all);
+    for (size_t k = 0; k < ss.n; k++) free(ss.v[k].params);
+    free(ss.v);
+    terse_ps_free(ps);
+    model_free(r.m);
+    free(r.order);
+    return rc;
+}
+
+int train_ps_main(worker *w) {
+    const train_options *o = w->o;
+    int servers = o->servers ? o->servers : 1;
+    int grank = terse_comm_rank(w->comm), nranks = terse_comm_size(w->comm);
+    int is_server = grank < servers;
+    w->nworkers = nranks - servers;
+    w->rank = is_server ? -1 - grank : grank - servers; /* servers: never worker 0 */
+    int rc = 0;
+    if (w->nworkers < 1) {
+        fprintf(stderr, WHO ": %d ranks for %d servers: no workers\n", nranks, servers);
+        rc = -1;
+    }
+    if (rc == 0 && !is_server) {
+        rc = train_load_data(w);
+        w->test_lo = 0; /* worker 0 evaluates the whole test set */
+        w->test_hi = w->test.n;
+    }
+    if (rc == 0 && w->rank == 0 && o->results && !(w->results = fopen(o->results, "w"))) {
+        fprintf(stderr, WHO ": cannot write %s\n", o->results);
+        rc = -1;
+    }
+    float bad = rc == 0 ? 0.0f : 1.0f;
+    terse_status s = terse_allreduce(w->comm, &bad, 1, NULL, TERSE_OP_SUM);
+    if (s != TERSE_OK || bad != 0.0f) {
+        if (s != TERSE_OK) train_fail(w, "agreeing to start", s);
+        return -1;
+    }
+    if (w->rank == 0 && !o->quiet)
+        fprintf(stderr, WHO ": ps:%s with %d servers and %d workers over %s, %zu training "
+                        "examples each, %ld steps per epoch\n",
+                o->ps_mode, servers, w->nworkers, terse_comm_provider(w->comm), w->shard_n,
+                w->steps_per_epoch);
+    for (size_t i = 0; i < o->n_runs && rc == 0; i++) rc = run_one(w, (int)i, servers, is_server);
+    return rc;
+}

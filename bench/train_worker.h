@@ -1,0 +1,73 @@
+/* train_worker.h -- what the two worker roles of `terse-bench train` share:
+ * train_worker.c (allreduce and Local SGD) and train_ps.c (a parameter
+ * server). Internal to bench/. */
+#ifndef TERSE_BENCH_TRAIN_WORKER_H
+#define TERSE_BENCH_TRAIN_WORKER_H
+
+#include <stdio.h>
+
+#include <terse.h>
+
+#include "train.h"
+
+#define WHO "terse-bench train"
+#define EVAL_CHUNK 1000
+/* Seconds between progress lines on stderr. */
+#define PROGRESS_SECONDS 2.0
+
+/* ---------------------------------------------------------------- state */
+
+typedef struct {
+    const train_options *o;
+    terse_comm *comm;
+    int rank, nworkers;
+    dataset train, test;
+    size_t *shard, shard_n; /* this worker's training examples */
+    size_t *perm, n_used;   /* scratch for dealing shards; examples in use */
+    long steps_per_epoch;
+    size_t test_lo, test_hi; /* this worker's slice of the test set */
+    float *x;
+    uint8_t *y;
+    FILE *results;
+    train_record *kept; /* rank 0 without --results: printed at the end */
+    int n_kept, cap_kept;
+    double *gathered;   /* nworkers x G_FIELDS, for evaluate() */
+    double last_progress;
+} worker;
+
+/* What one worker has done so far in one run (sums; rank 0 gathers). */
+typedef struct {
+    double bytes, compute_s, codec_s, network_s, wall_s;
+    double loss_sum, loss_count; /* training loss since the last record */
+} tally;
+
+typedef struct {
+    const train_run *cfg;
+    int index;
+    model *m;
+    size_t nt;
+    terse_codec *codec[MODEL_MAX_TENSORS]; /* NULL: dense, unless in_bucket */
+    int in_bucket[MODEL_MAX_TENSORS];       /* packed into the bucket */
+    int sparsifier[MODEL_MAX_TENSORS];      /* topk or randk with ef=1 */
+    terse_codec *bucket_codec;              /* NULL: the bucket travels dense */
+    float *velocity[MODEL_MAX_TENSORS];
+    float *anchor[MODEL_MAX_TENSORS]; /* Local SGD: the model at the last average */
+    float *fused;                     /* the bucket: small (or dense) tensors, packed */
+    size_t fused_n;
+    size_t *order; /* this epoch's order of the shard */
+    long exchanges, step, steps_total, unsynced;
+    uint64_t dp_stream;
+    tally t;
+} run_state;
+
+int train_fail(const worker *w, const char *what, terse_status s);
+int train_load_data(worker *w);
+void train_fill_batch(worker *w, const dataset *d, const size_t *idx, size_t first, size_t b);
+const char *train_spec_for(const worker *w, const run_state *r, const model_tensor *t);
+void train_deal_shard(worker *w, uint64_t seed);
+int train_keep_record(worker *w, const train_record *rec);
+void train_straggle(const worker *w, double t0);
+/* The parameter-server role (train_ps.c): every rank of a --mode ps job. */
+int train_ps_main(worker *w);
+
+#endif
