@@ -5,7 +5,8 @@
 #     subset: accuracy must beat chance (10%) by a wide margin (> 65%), and
 #     the byte counts must be what dense and compressed exchanges send;
 #   - the same command twice prints the same accuracies and byte counts;
-#   - Local SGD and --dp train too; a tiny sweep prints every row and a PNG;
+#   - Local SGD, --dp and parameter-server modes train too; a tiny sweep
+#     prints every row and a PNG;
 #   - bad options, a bad codec spec and a missing dataset fail with exit 2 or
 #     1 and a sentence saying what is wrong.
 #   check_train_smoke.sh path/to/terse-bench
@@ -104,6 +105,16 @@ if run dp --dp clip=5,noise=0.001; then
     expect_acc dp 65
 fi
 
+# 5b. A parameter server: sync (bitwise-identical workers, server-side SGD)
+# and async with a straggler, over tcp; the servers are extra ranks.
+if run ps_sync --mode ps:sync --servers 1 --provider tcp; then
+    expect_acc ps_sync 65
+fi
+if run ps_async --mode ps:async --servers 2 --workers 3 --straggler 2:2 --momentum 0.5 \
+       --provider tcp; then
+    expect_acc ps_async 60
+fi
+
 # 6. A tiny sweep: every configuration gets a row, and the plot is drawn.
 if "$bench" train --sweep --seeds 1 --train-limit 2560 --test-limit 500 --epochs 1 -q \
         --plot "$tmp/sweep.png" >"$tmp/sweep.txt" 2>"$tmp/sweep.err"; then
@@ -182,6 +193,12 @@ expect_fail 2 "expected softmax or mlp" --model cnn
 expect_fail 2 "localsgd" --mode localsgd:0
 expect_fail 2 "clip=C,noise=S" --dp clip=1
 expect_fail 2 "unknown option" --frobnicate
+expect_fail 2 "unknown mode" --mode ps:bsp
+expect_fail 2 "needs its bound" --mode ps:ssp
+expect_fail 2 "--servers applies" --servers 2
+expect_fail 2 "there are only 2 workers" --straggler 2:3
+expect_fail 2 "worker 0 takes the snapshots" --mode ps:sync --straggler 0:3
+expect_fail 2 "expected W:F" --straggler 1:0.5
 expect_fail 2 "already has a codec" --codec-for w2=int8 --codec-for w2=fp16
 expect_fail 2 "needs --workers 2" --sweep --workers 1
 expect_fail 2 "too many runs" --sweep --seeds 100

@@ -843,7 +843,14 @@ TERSE_API terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n,
 
 /* Worker requests (see Non-blocking collectives for the request rules):
  * push grad (n floats; read until the request completes), pull into out,
- * or both in one round trip (buf: the gradient in, the pulled value out). */
+ * or both in one round trip (buf: the gradient in, the pulled value out).
+ * With req NULL the call blocks until done. A request runs on the
+ * communicator's progress thread while the caller computes; requests run
+ * in start order, each talking to every server that holds a chunk of its
+ * key at once. A refusal (see Failure above) completes the request with
+ * its status and leaves the communicator usable; a refused push is
+ * dropped (its gradient is lost; error feedback keeps only the encoding
+ * error, as after any push). */
 TERSE_API terse_status terse_ps_push(terse_ps *ps, size_t key, const float *grad,
                                      terse_request **req);
 TERSE_API terse_status terse_ps_pull(terse_ps *ps, size_t key, float *out,
