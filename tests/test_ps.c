@@ -797,3 +797,33 @@ Test(ps, mode_specs_parse_strictly) {
         cr_assert_neq(terse_last_error()[0], 0);
     }
 }
+
+/* The same over shm, where a peer SIGKILLed mid-call can leave the
+ * provider spinning on its lock (docs/collectives.md): the engine's
+ * watchdog covers collectives, not the server loop, so this is a known
+ * limitation if it hangs -- the job's wall limit reports it. */
+Test(ps, sync_worker_killed_shm) {
+    kill_job k = {"sync", 1, 3, 3, 5};
+    tr_job job = {"shm", 4, 5000, 30, 3, "shm: a SIGKILLed peer can leave the provider spinning"};
+    tr_out *o = tr_run(&job, kill_body_soft, &k);
+    for (int w = 1; w <= 2; w++) {
+        if (!o[w].finished) continue; /* the known hang, reported by tr_run */
+        cr_assert_eq(o[w].status, TERSE_ERR_PEER_LOST, "worker %d: %s", w, o[w].err);
+        cr_assert(strstr(o[w].err, "worker rank 3 was lost"), "worker %d: %s", w, o[w].err);
+    }
+    tr_release(o);
+}
+
+Test(ps, server_killed_shm) {
+    kill_job k = {"sync", 2, 2, 1, 400};
+    tr_job job = {"shm", 4, 5000, 30, 1, "shm: a SIGKILLed peer can leave the provider spinning"};
+    tr_out *o = tr_run(&job, kill_body_soft, &k);
+    for (int w = 2; w <= 3; w++) {
+        if (!o[w].finished) continue;
+        cr_assert(o[w].status == TERSE_ERR_PEER_LOST, "worker %d: %s", w, o[w].err);
+        cr_assert_lt(o[w].val[0], 5000.0, "took %.0f ms", o[w].val[0]);
+        cr_assert(strstr(o[w].err, "rank 1"), "worker %d does not name server rank 1: %s", w,
+                  o[w].err);
+    }
+    tr_release(o);
+}
