@@ -366,7 +366,8 @@ terse_status terse_ps_clock(terse_ps *ps) {
     if (ps->is_server)
         return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_clock on rank %d: this rank is a server",
                            ps->rank);
-    ps->clock = ps->clock + 1 > ps->clock_floor ? ps->clock + 1 : ps->clock_floor;
+    uint64_t floor = atomic_load(&ps->clock_floor);
+    ps->clock = ps->clock + 1 > floor ? ps->clock + 1 : floor;
     return TERSE_OK;
 }
 

@@ -167,7 +167,8 @@ struct terse_ps {
     size_t ring_len;
 
     /* worker */
-    uint64_t clock, clock_floor;
+    uint64_t clock;             /* the caller's thread only */
+    _Atomic uint64_t clock_floor; /* raised by the executor, read by terse_ps_clock */
     uint64_t *seq;        /* per server: next message number */
     uint8_t **sbuf;       /* per server: push payload */
     size_t *sbuf_cap;

@@ -116,7 +116,8 @@ static terse_status refused(terse_ps *ps, int op, size_t key, int s, const terse
                        op_name(op), key, ps->rank, s, r->text);
 }
 
-static terse_status exchange(terse_ps *ps, int op, size_t key, float *buf, int *keep_usable) {
+static terse_status exchange(terse_ps *ps, int op, size_t key, float *buf, uint64_t clock,
+                             int *keep_usable) {
     terse_comm *c = ps->comm;
     terse__ps_key *k = key < ps->nkeys ? &ps->keys[key] : NULL;
     const int S = ps->nservers, push = op == TERSE__PS_PUSH || op == TERSE__PS_PUSHPULL,
@@ -134,7 +135,7 @@ static terse_status exchange(terse_ps *ps, int op, size_t key, float *buf, int *
         if (!need[s]) continue;
         size_t plen = 0;
         if (push) TERSE_CHECK(encode_for(ps, k, s, buf, &plen));
-        terse__ps_hdr h = {op, key, ps->clock, plen, ps->seq[s], k ? k->srv_floats[s] : 0,
+        terse__ps_hdr h = {op, key, clock, plen, ps->seq[s], k ? k->srv_floats[s] : 0,
                            k ? k->decl_hash : 0};
         terse__ps_put_hdr(ps->whdr + s * TERSE__PS_HDR_BYTES, &h);
     }
@@ -207,8 +208,9 @@ static terse_status exchange(terse_ps *ps, int op, size_t key, float *buf, int *
         }
         terse__comm_codec_time(c, t0);
         /* Behind a quorum: the next step is the server's. */
-        if (ps->cfg.mode == TERSE_PS_SYNC && newest > ps->clock + 1 && newest > ps->clock_floor)
-            ps->clock_floor = newest;
+        if (ps->cfg.mode == TERSE_PS_SYNC && newest > clock + 1 &&
+            newest > atomic_load(&ps->clock_floor))
+            atomic_store(&ps->clock_floor, newest);
         ps->stats.pulls++;
     }
     if (push) ps->stats.pushes++;
@@ -217,7 +219,8 @@ static terse_status exchange(terse_ps *ps, int op, size_t key, float *buf, int *
 
 terse_status terse__ps_worker_run(terse_comm *c, terse_request *r, int *keep_usable) {
     (void)c;
-    return exchange(r->a.ext.obj, r->a.ext.op, r->a.ext.key, r->a.ext.buf, keep_usable);
+    return exchange(r->a.ext.obj, r->a.ext.op, r->a.ext.key, r->a.ext.buf, r->a.ext.clock,
+                    keep_usable);
 }
 
 static terse_status start(terse_ps *ps, int op, size_t key, float *buf, terse_request **req) {
@@ -242,6 +245,7 @@ static terse_status start(terse_ps *ps, int op, size_t key, float *buf, terse_re
     t.a.ext.op = op;
     t.a.ext.key = key;
     t.a.ext.buf = buf;
+    t.a.ext.clock = ps->clock; /* the step this request belongs to, as started */
     t.a.ext.name = what;
     if (!req) return terse__engine_run_ext(ps->comm, &t);
     return terse__engine_start_ext(ps->comm, &t, req);

@@ -784,8 +784,11 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * missing, after 3/4 of the communicator's timeout. A server lost fails
  * every later request that needs it with TERSE_ERR_PEER_LOST naming it.
  *
- * Threading: calls on one terse_ps from one thread at a time, except that
- * requests may be tested and waited for as the engine allows.
+ * Threading: calls on one terse_ps from one thread at a time; requests
+ * may be tested and waited for as the engine allows. A request belongs to
+ * the clock at its start (terse_ps_clock may follow before it completes).
+ * terse_ps_get_stats reads counters that requests in flight update: read
+ * them once those have completed.
  */
 typedef struct terse_ps terse_ps;
 
