@@ -76,7 +76,8 @@ case "$cmd" in
               -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTERSE_SANITIZE=thread >/dev/null
         cmake --build build-tsan -j "$JOBS" --target tsan_engine
         for run in "thread tcp 2 abort" "thread shm 3 free" "thread tcp 3 free" \
-                   "caller tcp 2 free" "caller shm 2 abort"; do
+                   "caller tcp 2 free" "caller shm 2 abort" "thread tcp 3 ps" \
+                   "caller shm 3 ps"; do
             # shellcheck disable=SC2086
             set -- $run
             TERSE_PROGRESS=$1 TSAN_OPTIONS=halt_on_error=1:exitcode=66 \

@@ -10,7 +10,7 @@
  * ./terse.sh test in a clang -fsanitize=thread build; TSan's report (and
  * its exit code 66) or a wrong result fails it.
  *
- *   tsan_engine [PROVIDER [NRANKS [abort|free]]]     defaults: tcp 2 abort
+ *   tsan_engine [PROVIDER [NRANKS [abort|free|ps]]]  defaults: tcp 2 abort
  *
  * The last step either aborts from a second thread, or frees the
  * communicator while a second thread waits on a request in flight.
@@ -165,16 +165,80 @@ static int body(terse_comm *c, int rank, int nranks, int free_mode) {
     return fails;
 }
 
+/* The parameter server's threads: rank 0 serves on its progress thread
+ * while its main thread waits; workers start pushes and pulls, end their
+ * step (terse_ps_clock) before they complete, and wait for them from a
+ * second thread. */
+#define PSN 50000
+typedef struct {
+    terse_request **req;
+    int n;
+    int bad;
+} ps_waiter;
+
+static void *ps_wait_all(void *arg) {
+    ps_waiter *w = arg;
+    for (int i = 0; i < w->n; i++) w->bad |= terse_request_wait(w->req[i]) != TERSE_OK;
+    return NULL;
+}
+
+static int body_ps(terse_comm *c, int rank, int nranks) {
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    cfg.update = TERSE_PS_UPDATE_SGD;
+    cfg.lr = 0.5f;
+    terse_ps *ps = NULL;
+    CHECK(terse_ps_config_parse("ssp:1", &cfg) == TERSE_OK, "parse");
+    CHECK(terse_ps_create(c, &cfg, &ps) == TERSE_OK, "terse_ps_create: %s", terse_last_error());
+    if (!ps) return 1;
+    for (size_t k = 0; k < 3; k++)
+        CHECK(terse_ps_declare(ps, k, PSN, k == 1 ? "int8:ef=1" : NULL, NULL, NULL) == TERSE_OK,
+              "declare: %s", terse_last_error());
+    if (terse_ps_is_server(ps)) {
+        CHECK(terse_ps_serve(ps) == TERSE_OK, "serve: %s", terse_last_error());
+    } else {
+        static float g[3][PSN], p[3][PSN];
+        for (int step = 0; step < 6; step++) {
+            terse_request *req[6];
+            for (int k = 0; k < 3; k++) {
+                for (int i = 0; i < PSN; i++) g[k][i] = (float)((rank + step + k + i) % 7) / 8.0f;
+                CHECK(terse_ps_push(ps, (size_t)k, g[k], &req[k]) == TERSE_OK, "push");
+            }
+            for (int k = 0; k < 3; k++)
+                CHECK(terse_ps_pull(ps, (size_t)k, p[k], &req[3 + k]) == TERSE_OK, "pull");
+            CHECK(terse_ps_clock(ps) == TERSE_OK, "clock"); /* before they complete */
+            ps_waiter w = {req, 6, 0};
+            pthread_t t;
+            pthread_create(&t, NULL, ps_wait_all, &w);
+            pthread_join(t, NULL);
+            CHECK(!w.bad, "a request failed: %s", terse_last_error());
+            for (int i = 0; i < 6; i++) terse_request_free(req[i]);
+        }
+        CHECK(terse_ps_finish(ps) == TERSE_OK, "finish: %s", terse_last_error());
+    }
+    terse_ps_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    CHECK(terse_ps_get_stats(ps, &st) == TERSE_OK, "stats");
+    if (rank == 0)
+        CHECK(st.pushes_applied == (uint64_t)(3 * 6 * (nranks - 1)), "applied %llu",
+              (unsigned long long)st.pushes_applied);
+    terse_ps_free(ps);
+    terse_comm_free(c);
+    return fails;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-        printf("usage: tsan_engine [PROVIDER [NRANKS [abort|free]]]  (defaults: tcp 2 abort)\n"
+        printf("usage: tsan_engine [PROVIDER [NRANKS [abort|free|ps]]]  (defaults: tcp 2 abort)\n"
                "Runs the engine's thread-safe calls from several threads in real rank\n"
-               "processes; build it with clang -fsanitize=thread. Exit 0: clean.\n");
+               "processes (ps: a parameter server, rank 0 serving); build it with clang\n"
+               "-fsanitize=thread. Exit 0: clean.\n");
         return 0;
     }
     const char *provider = argc > 1 ? argv[1] : "tcp";
     int nranks = argc > 2 ? atoi(argv[2]) : 2;
     int free_mode = argc > 3 && strcmp(argv[3], "free") == 0;
+    int ps_mode = argc > 3 && strcmp(argv[3], "ps") == 0;
     if (nranks < 2 || nranks > 8) {
         fprintf(stderr, "tsan_engine: NRANKS must be 2..8\n");
         return 2;
@@ -196,7 +260,7 @@ int main(int argc, char **argv) {
                 CHECK(0, "terse_comm_init");
                 _exit(1);
             }
-            int rc = body(c, r, nranks, free_mode); /* frees c */
+            int rc = ps_mode ? body_ps(c, r, nranks) : body(c, r, nranks, free_mode); /* frees c */
             _exit(rc ? 1 : 0);
         }
     }
@@ -211,6 +275,6 @@ int main(int argc, char **argv) {
     }
     const char *mode = getenv("TERSE_PROGRESS");
     printf("tsan_engine %s x%d %s (progress %s): %s\n", provider, nranks,
-           free_mode ? "free" : "abort", mode && *mode ? mode : "thread", bad ? "FAILED" : "clean");
+           ps_mode ? "ps" : free_mode ? "free" : "abort", mode && *mode ? mode : "thread", bad ? "FAILED" : "clean");
     return bad;
 }
