@@ -67,7 +67,7 @@ struct terse_request {
         struct { void *buf; size_t bytes; int root; } bc;
         struct { const void *send; size_t send_bytes; void *recv; size_t recv_cap;
                  size_t *counts; } ag;
-        struct { terse__ext_fn run; void *obj; int op; size_t key; float *buf;
+        struct { terse__ext_fn run; void *obj; void *item; int op; size_t key; float *buf;
                  uint64_t clock; const char *name; } ext;
     } a;
     terse_request *next;    /* the queue, or the next member of a group */

@@ -49,7 +49,8 @@ terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
         TERSE_CHECK(parse_int(spec, opts, opts, 0, &c.staleness));
         opts = NULL;
     }
-    for (char *tok = opts ? strtok(opts, ",") : NULL; tok; tok = strtok(NULL, ",")) {
+    char *save = NULL;
+    for (char *tok = opts ? strtok_r(opts, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         if (!eq)
             return TERSE_ERROR(TERSE_ERR_INVALID,
@@ -103,6 +104,10 @@ static terse_status check_config(terse_comm *comm, const terse_ps_config *c) {
                            "terse_ps_config (%zu): initialise it with TERSE_PS_CONFIG_INIT",
                            c->size, sizeof *c);
     int n = comm->nranks;
+    if (c->num_servers > TERSE__COMM_MAX_REQS / 3)
+        return TERSE_ERROR(TERSE_ERR_UNSUPPORTED,
+                           "terse_ps_create: %d servers; a request talks to at most %d at once",
+                           c->num_servers, TERSE__COMM_MAX_REQS / 3);
     if (c->num_servers < 1 || c->num_servers >= n)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_create: num_servers %d, but a job of %d ranks needs 1 to %d "
@@ -149,7 +154,15 @@ static terse_status agree(terse_ps *ps) {
     uint8_t *all = malloc((size_t)c->nranks * sizeof mine);
     if (!all) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
     terse_status s = terse__store_allgather(c->store, mine, sizeof mine, all, c->timeout_ms);
-    for (int r = 0; s == TERSE_OK && r < c->nranks; r++)
+    static const uint8_t refused[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    for (int r = 0; s == TERSE_OK && r < c->nranks; r++) {
+        if (memcmp(all + r * sizeof mine, refused, 8) == 0) {
+            s = TERSE_ERROR(TERSE_ERR_INVALID,
+                            "terse_ps_create on rank %d: rank %d refused its config (its own "
+                            "terse_ps_create says why)",
+                            c->rank, r);
+            break;
+        }
         for (int i = 0; i < AGREE_FIELDS; i++)
             if (memcmp(all + r * sizeof mine + 8 * i, mine + 8 * i, 8) != 0) {
                 s = TERSE_ERROR(TERSE_ERR_INVALID,
@@ -160,6 +173,7 @@ static terse_status agree(terse_ps *ps) {
                                 (unsigned long long)terse__get_u64(all + r * sizeof mine + 8 * i));
                 break;
             }
+    }
     free(all);
     return s;
 }
@@ -167,7 +181,22 @@ static terse_status agree(terse_ps *ps) {
 terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse_ps **out) {
     if (out) *out = NULL;
     if (!comm || !cfg || !out) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: NULL argument");
-    TERSE_CHECK(check_config(comm, cfg));
+    terse_status bad = check_config(comm, cfg);
+    if (bad != TERSE_OK) {
+        /* Still take part in the comparison, so the other ranks fail at
+         * once naming this one rather than waiting for it. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", terse_last_error());
+        if (comm->nranks > 1 && comm->store) {
+            uint8_t mine[8 * AGREE_FIELDS];
+            uint8_t *all = malloc((size_t)comm->nranks * sizeof mine);
+            memset(mine, 0xff, sizeof mine);
+            if (all) (void)terse__store_allgather(comm->store, mine, sizeof mine, all, comm->timeout_ms);
+            free(all);
+        }
+        terse__error_restore(why);
+        return bad;
+    }
     terse_ps *ps = calloc(1, sizeof *ps);
     if (!ps) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
     ps->comm = comm;
@@ -207,6 +236,7 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     TERSE_CHECK_GOTO(terse__ps_ring_build(ps), s, fail);
     if (comm->nranks > 1) TERSE_CHECK_GOTO(agree(ps), s, fail);
     if (ps->is_server) terse__fabric_set_tolerant(comm->fabric);
+    ps->created = 1;
     *out = ps;
     return TERSE_OK;
 fail:
@@ -268,23 +298,28 @@ terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n, const char *pu
         return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_declare of key %zu: %zu elements", key, n);
     if (ps->nkeys == ps->keys_cap) {
         size_t cap = ps->keys_cap ? 2 * ps->keys_cap : 16;
-        terse__ps_key *k = realloc(ps->keys, cap * sizeof *k);
-        if (!k) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
-        ps->keys = k;
+        terse__ps_key **v = realloc(ps->keys, cap * sizeof *v);
+        if (!v) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+        ps->keys = v;
         ps->keys_cap = cap;
     }
-    terse__ps_key *k = &ps->keys[key];
-    memset(k, 0, sizeof *k);
+    terse__ps_key *k = calloc(1, sizeof *k);
+    if (!k) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+    k->index = key;
     k->n = n;
     k->chunk_floats = ps->chunk_floats;
     k->nchunks = (n - 1) / k->chunk_floats + 1;
     terse_status s;
     TERSE_CHECK_GOTO(canon(push_spec, key, "push", k->push_spec, sizeof k->push_spec), s, fail);
     TERSE_CHECK_GOTO(canon(pull_spec, key, "pull", k->pull_spec, sizeof k->pull_spec), s, fail);
-    uint8_t nb[16];
+    /* Chained over every earlier key: placement depends on them all, so a
+     * worker that declared any earlier key differently places this one
+     * differently too, and must be refused here as well. */
+    uint8_t nb[20];
     terse__put_u64(nb, n);
     terse__put_u64(nb + 8, k->chunk_floats);
-    k->decl_hash = terse__crc32c_update(terse__crc32c_update(terse__crc32c_update(0, nb, 16),
+    terse__put_u32(nb + 16, key ? ps->keys[key - 1]->decl_hash : 0);
+    k->decl_hash = terse__crc32c_update(terse__crc32c_update(terse__crc32c_update(0, nb, 20),
                                                              k->push_spec, strlen(k->push_spec)),
                                         k->pull_spec, strlen(k->pull_spec));
     size_t S = (size_t)ps->nservers;
@@ -325,14 +360,15 @@ terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n, const char *pu
         goto fail;
     }
     free(saved);
-    ps->nkeys++;
+    ps->keys[ps->nkeys++] = k;
     return TERSE_OK;
 fail:
     free_codecs(k->push_enc, k->nchunks);
     free_codecs(k->pull_dec, k->nchunks);
+    if (k->shard) terse__ps_shard_free(ps, k->shard);
     free(k->server), free(k->srv_nchunks), free(k->srv_floats);
     free(k->srv_push_bound), free(k->srv_pull_bound);
-    memset(k, 0, sizeof *k);
+    free(k);
     return s;
 }
 
@@ -343,8 +379,8 @@ terse_status terse_ps_placement(const terse_ps *ps, uint64_t *bytes) {
 }
 
 int terse_ps_chunk_server(const terse_ps *ps, size_t key, size_t chunk) {
-    if (!ps || key >= ps->nkeys || chunk >= ps->keys[key].nchunks) return -1;
-    return ps->keys[key].server[chunk];
+    if (!ps || key >= ps->nkeys || chunk >= ps->keys[key]->nchunks) return -1;
+    return ps->keys[key]->server[chunk];
 }
 
 terse_status terse_ps_get_stats(const terse_ps *ps, terse_ps_stats *st) {
@@ -366,6 +402,7 @@ terse_status terse_ps_clock(terse_ps *ps) {
     if (ps->is_server)
         return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_clock on rank %d: this rank is a server",
                            ps->rank);
+    if (atomic_exchange(&ps->step_refused, 0)) return TERSE_OK; /* push that step again */
     uint64_t floor = atomic_load(&ps->clock_floor);
     ps->clock = ps->clock + 1 > floor ? ps->clock + 1 : floor;
     return TERSE_OK;
@@ -373,14 +410,15 @@ terse_status terse_ps_clock(terse_ps *ps) {
 
 void terse_ps_free(terse_ps *ps) {
     if (!ps) return;
-    if (!ps->is_server && !ps->finished && ps->nkeys) (void)terse_ps_finish(ps);
+    if (ps->created && !ps->is_server && !ps->finished) (void)terse_ps_finish(ps);
     for (size_t i = 0; i < ps->nkeys; i++) {
-        terse__ps_key *k = &ps->keys[i];
+        terse__ps_key *k = ps->keys[i];
         free_codecs(k->push_enc, k->nchunks);
         free_codecs(k->pull_dec, k->nchunks);
         if (k->shard) terse__ps_shard_free(ps, k->shard);
         free(k->server), free(k->srv_nchunks), free(k->srv_floats);
         free(k->srv_push_bound), free(k->srv_pull_bound);
+        free(k);
     }
     terse__ps_worker_free(ps);
     free(ps->keys);

@@ -102,6 +102,7 @@ typedef struct terse__ps_shard {
 } terse__ps_shard;
 
 typedef struct terse__ps_key {
+    size_t index; /* the key */
     size_t n, nchunks, chunk_floats;
     char push_spec[160], pull_spec[160];
     uint32_t decl_hash;
@@ -142,6 +143,7 @@ typedef struct terse__ps_peer {
     terse__ps_hdr h;      /* the request being served */
     terse__ps_blob *blob; /* what its reply sends */
     uint64_t parked_ns;
+    uint64_t since_ns;    /* when it entered DATA, DRAIN or REPLY */
     int finished, lost;
     int pend;             /* the kind of refusal sent once the payload is drained */
     char pend_text[TERSE__PS_REP_TEXT];
@@ -158,7 +160,7 @@ struct terse_ps {
     int rank, nranks, nservers, nworkers, is_server;
     size_t chunk_floats;
 
-    terse__ps_key *keys;
+    terse__ps_key **keys; /* pointers: a request in flight keeps its key across a declare */
     size_t nkeys, keys_cap;
     uint64_t *placed; /* bytes per server */
     /* consistent-hash ring: nservers * vnodes points, sorted */
@@ -169,6 +171,7 @@ struct terse_ps {
     /* worker */
     uint64_t clock;             /* the caller's thread only */
     _Atomic uint64_t clock_floor; /* raised by the executor, read by terse_ps_clock */
+    _Atomic int step_refused;     /* sync: a push of this step was refused (not as late) */
     uint64_t *seq;        /* per server: next message number */
     uint8_t **sbuf;       /* per server: push payload */
     size_t *sbuf_cap;
@@ -177,6 +180,7 @@ struct terse_ps {
     uint8_t *whdr, *wrep; /* per server: headers */
     terse__ps_rep *reps;
     int finished;
+    int created;          /* terse_ps_create succeeded: free may say goodbye */
     uint64_t alive_ns;
 
     /* server */
@@ -185,6 +189,7 @@ struct terse_ps {
     size_t scratch_cap;
     const float **inputs;
     uint64_t heard_ns;    /* when a worker's request last arrived */
+    int served;           /* terse_ps_serve ran: it runs once */
     char broken[400];     /* sync without a quorum after a loss */
     terse_status broken_status;
     uint64_t staleness_sum;

@@ -68,7 +68,7 @@ static size_t ring_find(const terse_ps *ps, uint64_t x) {
 terse_status terse__ps_place(terse_ps *ps, terse__ps_key *k) {
     uint64_t total = 0;
     for (int s = 0; s < ps->nservers; s++) total += ps->placed[s];
-    size_t key = (size_t)(k - ps->keys);
+    size_t key = k->index;
     for (size_t c = 0; c < k->nchunks; c++) {
         size_t len = c + 1 < k->nchunks ? k->chunk_floats : k->n - c * k->chunk_floats;
         uint64_t bytes = (uint64_t)len * sizeof(float);

@@ -26,10 +26,10 @@
 
 enum { P_HDR, P_DATA, P_DRAIN, P_PARKED, P_REPLY, P_DONE };
 
-/* A refused payload is drained (so the worker's send completes) when it is
- * no larger than this; a header claiming more is a liar, whose send is
- * left to its own timeout. */
-#define DRAIN_MAX ((size_t)64 << 20)
+/* A refused payload is drained (so the worker's send completes) through a
+ * buffer of one transport chunk, whatever its size, up to this; a header
+ * claiming more is a liar, whose send is left to its own timeout. */
+#define DRAIN_MAX ((size_t)1 << 36)
 #define POLL_NS 1000000ull
 
 /* Kinds of refusal, for counting and log-once. */
@@ -51,7 +51,7 @@ static void blob_free(terse__ps_blob *b) {
 }
 
 terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *init) {
-    size_t key = (size_t)(k - ps->keys), mine = 0;
+    size_t key = k->index, mine = 0;
     for (size_t c = 0; c < k->nchunks; c++) mine += k->server[c] == ps->rank;
     if (!mine) return TERSE_OK;
     terse__ps_shard *sh = calloc(1, sizeof *sh);
@@ -134,12 +134,6 @@ static int active(const terse_ps *ps, int w) {
     return is_worker(ps, w) && !ps->peers[w].lost && !ps->peers[w].finished;
 }
 
-static int active_count(const terse_ps *ps) {
-    int n = 0;
-    for (int w = ps->nservers; w < ps->nranks; w++) n += active(ps, w);
-    return n;
-}
-
 static void count(terse_ps *ps, int kind) {
     switch (kind) {
     case R_KEY:
@@ -172,6 +166,7 @@ static terse_status send_reply(terse_ps *ps, int w, terse_status st, uint64_t ve
     p->blob = blob;
     if (blob) blob->refs++;
     p->state = P_REPLY;
+    p->since_ns = terse__now_ns();
     TERSE_CHECK(terse__comm_isend(c, w, terse__ps_tag(TERSE__PS_TAG_REP, p->seq), p->rep,
                                   TERSE__PS_REP_BYTES, TERSE__BYTES_FRAMING, &p->rreq));
     if (blob)
@@ -199,7 +194,7 @@ static terse_status TERSE__PRINTF(4, 5)
     terse_status st = kind_status[kind];
     terse__ps_shard *sh = NULL;
     terse__ps_peer *p = &ps->peers[w];
-    if (p->h.op && p->h.key < ps->nkeys) sh = ps->keys[p->h.key].shard;
+    if (p->h.op && p->h.key < ps->nkeys) sh = ps->keys[p->h.key]->shard;
     return send_reply(ps, w, st, sh ? sh->version : 0, NULL, 0, text);
 }
 
@@ -212,17 +207,20 @@ static terse_status TERSE__PRINTF(4, 5)
     vsnprintf(p->pend_text, sizeof p->pend_text, fmt, ap);
     va_end(ap);
     size_t len = (size_t)p->h.payload_len;
-    if (!len || len > DRAIN_MAX) return refuse(ps, w, kind, "%s", p->pend_text);
-    if (p->drain_cap < len) {
-        uint8_t *b = realloc(p->drain, len);
+    if (!len || p->h.payload_len > DRAIN_MAX) return refuse(ps, w, kind, "%s", p->pend_text);
+    size_t want = terse__fabric_sink_bytes(ps->comm->fabric);
+    if (want > len) want = len;
+    if (p->drain_cap < want) {
+        uint8_t *b = realloc(p->drain, want);
         if (!b) return refuse(ps, w, kind, "%s", p->pend_text);
         p->drain = b;
-        p->drain_cap = len;
+        p->drain_cap = want;
     }
     p->pend = kind;
     p->state = P_DRAIN;
-    return terse__comm_irecv(ps->comm, w, terse__ps_tag(TERSE__PS_TAG_DATA, p->seq), p->drain, len,
-                             TERSE__BYTES_FRAMING, &p->preq);
+    p->since_ns = terse__now_ns();
+    return terse__fabric_irecv_sink(ps->comm->fabric, w, terse__ps_tag(TERSE__PS_TAG_DATA, p->seq),
+                                    p->drain, len, &p->preq);
 }
 
 /* The current version's pull payload, encoded once and shared by every
@@ -272,7 +270,7 @@ static void missing(terse_ps *ps, terse__ps_shard *sh, uint64_t need, char *out,
 
 static terse_status serve_pull(terse_ps *ps, int w) {
     terse__ps_peer *p = &ps->peers[w];
-    terse__ps_shard *sh = ps->keys[p->h.key].shard;
+    terse__ps_shard *sh = ps->keys[p->h.key]->shard;
     terse__ps_blob *b = NULL;
     terse_status s = current_blob(ps, sh, &b);
     if (s != TERSE_OK) return refuse(ps, w, R_CORRUPT, "the server could not encode: %s", terse_last_error());
@@ -299,7 +297,7 @@ static uint64_t ssp_min(const terse_ps *ps, const terse__ps_shard *sh) {
  * catches up (ssp). */
 static terse_status handle_pull(terse_ps *ps, int w) {
     terse__ps_peer *p = &ps->peers[w];
-    terse__ps_shard *sh = ps->keys[p->h.key].shard;
+    terse__ps_shard *sh = ps->keys[p->h.key]->shard;
     int wait = 0;
     if (ps->cfg.mode == TERSE_PS_SYNC) wait = sh->has[w] && sh->version <= p->h.clock;
     if (ps->cfg.mode == TERSE_PS_SSP) {
@@ -334,7 +332,7 @@ static void quorum_log(terse_ps *ps, terse__ps_shard *sh, size_t key) {
 
 /* Sync: aggregate the step's pushes in worker-rank order and apply. */
 static terse_status close_step(terse_ps *ps, size_t key) {
-    terse__ps_shard *sh = ps->keys[key].shard;
+    terse__ps_shard *sh = ps->keys[key]->shard;
     size_t k = 0;
     for (int w = ps->nservers; w < ps->nranks; w++)
         if (sh->has[w]) ps->inputs[k++] = sh->got[w];
@@ -356,20 +354,29 @@ static terse_status close_step(terse_ps *ps, size_t key) {
 static terse_status wake(terse_ps *ps, size_t key) {
     for (int w = 0; w < ps->nranks; w++) {
         terse__ps_peer *p = &ps->peers[w];
-        if (w != ps->rank && p->state == P_PARKED && p->h.key == key) TERSE_CHECK(handle_pull(ps, w));
+        if (w != ps->rank && !p->lost && p->state == P_PARKED && p->h.key == key)
+            TERSE_CHECK(handle_pull(ps, w));
     }
     return TERSE_OK;
 }
 
 /* Sync: close key's open step if enough workers pushed it. */
 static terse_status maybe_close(terse_ps *ps, size_t key) {
-    terse__ps_shard *sh = ps->keys[key].shard;
+    terse__ps_shard *sh = ps->keys[key]->shard;
     if (ps->cfg.mode != TERSE_PS_SYNC || !sh->count) return TERSE_OK;
-    /* A quorum of K, or every worker still active if fewer are left
-     * (the others finished or were lost). */
-    int need = active_count(ps);
-    if (ps->cfg.quorum && ps->cfg.quorum < need) need = ps->cfg.quorum;
-    if (sh->count < need) return TERSE_OK;
+    /* Without a quorum: when every active worker has pushed (pushes of
+     * workers that finished or were lost since count too). With a quorum
+     * of K: on K pushes, or on every push there can still be, if fewer. */
+    int active_missing = 0;
+    for (int w = ps->nservers; w < ps->nranks; w++) active_missing += active(ps, w) && !sh->has[w];
+    if (ps->cfg.quorum) {
+        int possible = sh->count + active_missing;
+        int need = ps->cfg.quorum < possible ? ps->cfg.quorum : possible;
+        if (sh->count < need) return TERSE_OK;
+    } else if (active_missing) {
+        return TERSE_OK;
+    }
+
     TERSE_CHECK(close_step(ps, key));
     return wake(ps, key);
 }
@@ -396,7 +403,7 @@ static terse_status decode_push(terse_ps *ps, int w, terse__ps_shard *sh, float 
 static terse_status handle_push(terse_ps *ps, int w) {
     terse__ps_peer *p = &ps->peers[w];
     size_t key = (size_t)p->h.key;
-    terse__ps_shard *sh = ps->keys[key].shard;
+    terse__ps_shard *sh = ps->keys[key]->shard;
     const uint64_t clock = p->h.clock;
     const int then_pull = p->h.op == TERSE__PS_PUSHPULL;
     if (ps->broken[0]) return refuse(ps, w, R_LOST, "%s", ps->broken);
@@ -480,22 +487,25 @@ static terse_status handle_header(terse_ps *ps, int w) {
                             "rank %d is a server (ranks 0..%d serve), not a worker: only workers "
                             "push and pull",
                             w, ps->nservers - 1);
+    if (h.op == TERSE__PS_FINISH && h.payload_len)
+        return refuse_drain(ps, w, R_CORRUPT, "a finish with a %llu-byte payload",
+                            (unsigned long long)h.payload_len);
     if (h.op == TERSE__PS_FINISH) {
         p->finished = 1;
         TERSE_CHECK(send_reply(ps, w, TERSE_OK, 0, NULL, 0, NULL));
         /* Fewer active workers: a sync step may now be complete. */
         for (size_t k = 0; k < ps->nkeys; k++)
-            if (ps->keys[k].shard) {
+            if (ps->keys[k]->shard) {
                 TERSE_CHECK(maybe_close(ps, k));
                 if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(wake(ps, k));
             }
         return TERSE_OK;
     }
-    if (h.key >= ps->nkeys || !ps->keys[h.key].shard)
+    if (h.key >= ps->nkeys || !ps->keys[h.key]->shard)
         return refuse_drain(ps, w, R_KEY, "key %llu is %s", (unsigned long long)h.key,
                             h.key >= ps->nkeys ? "not declared on this server"
                                                : "not held by this server");
-    terse__ps_key *k = &ps->keys[h.key];
+    terse__ps_key *k = ps->keys[h.key];
     terse__ps_shard *sh = k->shard;
     if (h.nfloats != sh->nfloats)
         return refuse_drain(ps, w, R_SIZE,
@@ -526,6 +536,7 @@ static terse_status handle_header(terse_ps *ps, int w) {
         sh->rx_cap[w] = (size_t)h.payload_len;
     }
     p->state = P_DATA;
+    p->since_ns = terse__now_ns();
     return terse__comm_irecv(ps->comm, w, terse__ps_tag(TERSE__PS_TAG_DATA, p->seq), sh->rx[w],
                              (size_t)h.payload_len, TERSE__BYTES_PAYLOAD, &p->preq);
 }
@@ -566,7 +577,7 @@ static terse_status after_loss(terse_ps *ps) {
     }
     if (ps->broken[0]) return TERSE_OK;
     for (size_t k = 0; k < ps->nkeys; k++)
-        if (ps->keys[k].shard) {
+        if (ps->keys[k]->shard) {
             TERSE_CHECK(maybe_close(ps, k));
             if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(wake(ps, k));
         }
@@ -595,8 +606,10 @@ static terse_status expire_parked(terse_ps *ps, uint64_t now) {
     uint64_t limit = (uint64_t)ps->comm->timeout_ms * 750000ull;
     for (int w = 0; w < ps->nranks; w++) {
         terse__ps_peer *p = &ps->peers[w];
-        if (w == ps->rank || p->state != P_PARKED || now - p->parked_ns < limit) continue;
-        terse__ps_shard *sh = ps->keys[p->h.key].shard;
+        if (w == ps->rank || p->lost || p->state != P_PARKED || now < p->parked_ns ||
+            now - p->parked_ns < limit)
+            continue;
+        terse__ps_shard *sh = ps->keys[p->h.key]->shard;
         char who[160];
         missing(ps, sh, ssp_need(ps, p->h.clock), who, sizeof who);
         TERSE_CHECK(refuse(ps, w, R_TIMEOUT,
@@ -608,12 +621,53 @@ static terse_status expire_parked(terse_ps *ps, uint64_t now) {
     return TERSE_OK;
 }
 
+static void release_blob(terse_ps *ps, terse__ps_peer *p) {
+    terse__ps_blob *b = p->blob;
+    p->blob = NULL;
+    if (!b || --b->refs) return;
+    terse__ps_shard *sh = p->h.key < ps->nkeys ? ps->keys[p->h.key]->shard : NULL;
+    if (!sh || sh->cur != b) blob_free(b);
+}
+
+/* A peer that went silent in the middle of a request (a payload or a
+ * reply that stopped moving) for the whole timeout: stopped, or a forger
+ * whose chunks are dropped. Cancel what it holds and count it lost. */
+static terse_status expire_stuck(terse_ps *ps, uint64_t now) {
+    uint64_t limit = (uint64_t)ps->comm->timeout_ms * 1000000ull;
+    terse__fabric *f = ps->comm->fabric;
+    for (int w = 0; w < ps->nranks; w++) {
+        terse__ps_peer *p = &ps->peers[w];
+        if (w == ps->rank || p->lost || now < p->since_ns || now - p->since_ns < limit ||
+            (p->state != P_DATA && p->state != P_DRAIN && p->state != P_REPLY))
+            continue;
+        int ok = terse__fabric_cancel(f, &p->preq) & terse__fabric_cancel(f, &p->rreq) &
+                 terse__fabric_cancel(f, &p->rpreq);
+        if (!ok)
+            return TERSE_ERROR(TERSE_ERR_TRANSPORT,
+                               "parameter server rank %d: rank %d's transfer would not cancel",
+                               ps->rank, w);
+        release_blob(ps, p);
+        if (p->finished) {
+            p->state = P_DONE;
+            continue;
+        }
+        char how[96];
+        snprintf(how, sizeof how, "silent for %llu ms in the middle of a request",
+                 (unsigned long long)((now - p->since_ns) / 1000000u));
+        p->state = P_DONE;
+        mark_lost(ps, w, how);
+        p->lost = 1;
+        TERSE_CHECK(after_loss(ps));
+    }
+    return TERSE_OK;
+}
+
 /* Every active worker silent (no request, none in progress) for the
  * timeout: a worker that ended without terse_ps_finish, or one stopped
  * between requests. Serving ends with TERSE_ERR_TIMEOUT naming them. */
 static terse_status check_silence(terse_ps *ps, uint64_t now) {
     uint64_t limit = (uint64_t)ps->comm->timeout_ms * 1000000ull;
-    if (now - ps->heard_ns < limit) return TERSE_OK;
+    if (now < ps->heard_ns || now - ps->heard_ns < limit) return TERSE_OK;
     char who[160];
     size_t n = 0;
     who[0] = 0;
@@ -631,21 +685,15 @@ static terse_status check_silence(terse_ps *ps, uint64_t now) {
 
 /* ---------------------------------------------------------------- loop */
 
-static void release_blob(terse_ps *ps, terse__ps_peer *p) {
-    terse__ps_blob *b = p->blob;
-    p->blob = NULL;
-    if (!b || --b->refs) return;
-    terse__ps_shard *sh = p->h.key < ps->nkeys ? ps->keys[p->h.key].shard : NULL;
-    if (!sh || sh->cur != b) blob_free(b);
-}
 
 /* Move peer w along as far as its completions allow. */
 static terse_status step_peer(terse_ps *ps, int w) {
     terse__ps_peer *p = &ps->peers[w];
+    const terse__fabric *f = ps->comm->fabric;
     if (p->lost) return TERSE_OK;
     switch (p->state) {
     case P_HDR:
-        if (!terse__fabric_req_done(&p->hreq)) return TERSE_OK;
+        if (!terse__fabric_req_idle(f, &p->hreq)) return TERSE_OK;
         if (p->hreq.error == TERSE_ERR_PEER_LOST) {
             mark_lost(ps, w, terse__comm_last_sentence());
             return after_loss(ps);
@@ -655,7 +703,7 @@ static terse_status step_peer(terse_ps *ps, int w) {
         return handle_header(ps, w);
     case P_DATA:
     case P_DRAIN:
-        if (!terse__fabric_req_done(&p->preq)) return TERSE_OK;
+        if (!terse__fabric_req_idle(f, &p->preq)) return TERSE_OK;
         if (p->preq.error == TERSE_ERR_PEER_LOST) {
             mark_lost(ps, w, terse__comm_last_sentence());
             return after_loss(ps);
@@ -669,9 +717,14 @@ static terse_status step_peer(terse_ps *ps, int w) {
         }
         return handle_push(ps, w);
     case P_REPLY:
-        if (!terse__fabric_req_done(&p->rreq) || !terse__fabric_req_done(&p->rpreq)) return TERSE_OK;
+        if (!terse__fabric_req_idle(f, &p->rreq) || !terse__fabric_req_idle(f, &p->rpreq))
+            return TERSE_OK;
         release_blob(ps, p);
         if (p->rreq.error || p->rpreq.error) {
+            if (p->finished) { /* it said goodbye and went: nothing more is due */
+                p->state = P_DONE;
+                return TERSE_OK;
+            }
             mark_lost(ps, w, "a reply to it failed");
             return after_loss(ps);
         }
@@ -714,6 +767,14 @@ static int cancel_all(terse_ps *ps) {
 terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usable) {
     terse_ps *ps = r->a.ext.obj;
     terse_status s = TERSE_OK;
+    if (ps->served) {
+        *keep_usable = 1;
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_serve on rank %d: this server already served its workers "
+                           "(it runs once per terse_ps)",
+                           ps->rank);
+    }
+    ps->served = 1;
     for (int w = 0; w < ps->nranks && s == TERSE_OK; w++)
         if (w != ps->rank) s = post_header(ps, w);
     uint64_t last_poll = 0, last_event = terse__now_ns();
@@ -734,6 +795,7 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
             last_poll = now;
             s = poll_losses(ps);
             if (s == TERSE_OK) s = expire_parked(ps, now);
+            if (s == TERSE_OK) s = expire_stuck(ps, now);
             if (s == TERSE_OK) s = check_silence(ps, now);
         }
         if (events) {

@@ -116,10 +116,9 @@ static terse_status refused(terse_ps *ps, int op, size_t key, int s, const terse
                        op_name(op), key, ps->rank, s, r->text);
 }
 
-static terse_status exchange(terse_ps *ps, int op, size_t key, float *buf, uint64_t clock,
-                             int *keep_usable) {
+static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key, float *buf,
+                             uint64_t clock, int *keep_usable) {
     terse_comm *c = ps->comm;
-    terse__ps_key *k = key < ps->nkeys ? &ps->keys[key] : NULL;
     const int S = ps->nservers, push = op == TERSE__PS_PUSH || op == TERSE__PS_PUSHPULL,
               pull = op == TERSE__PS_PULL || op == TERSE__PS_PUSHPULL;
     uint8_t need[256];
@@ -196,6 +195,8 @@ static terse_status exchange(terse_ps *ps, int op, size_t key, float *buf, uint6
     if (first >= 0) {
         /* A refusal concerns this request only: the conversation is intact. */
         *keep_usable = 1;
+        if (push && ps->cfg.mode == TERSE_PS_SYNC && ps->reps[first].status != TERSE_ERR_STALE)
+            atomic_store(&ps->step_refused, 1); /* the step stays open for it: push again */
         return refused(ps, op, key, first, &ps->reps[first]);
     }
     if (pull) {
@@ -219,8 +220,8 @@ static terse_status exchange(terse_ps *ps, int op, size_t key, float *buf, uint6
 
 terse_status terse__ps_worker_run(terse_comm *c, terse_request *r, int *keep_usable) {
     (void)c;
-    return exchange(r->a.ext.obj, r->a.ext.op, r->a.ext.key, r->a.ext.buf, r->a.ext.clock,
-                    keep_usable);
+    return exchange(r->a.ext.obj, r->a.ext.item, r->a.ext.op, r->a.ext.key, r->a.ext.buf,
+                    r->a.ext.clock, keep_usable);
 }
 
 static terse_status start(terse_ps *ps, int op, size_t key, float *buf, terse_request **req) {
@@ -242,6 +243,7 @@ static terse_status start(terse_ps *ps, int op, size_t key, float *buf, terse_re
     terse_request t = terse__engine_make(ps->comm, TERSE__OP_EXT);
     t.a.ext.run = terse__ps_worker_run;
     t.a.ext.obj = ps;
+    t.a.ext.item = op == TERSE__PS_FINISH ? NULL : ps->keys[key]; /* resolved now, on this thread */
     t.a.ext.op = op;
     t.a.ext.key = key;
     t.a.ext.buf = buf;
@@ -268,7 +270,7 @@ terse_status terse_ps_finish(terse_ps *ps) {
     if (!ps) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_finish: ps is NULL");
     if (ps->finished) return TERSE_OK;
     terse_status s = start(ps, TERSE__PS_FINISH, (size_t)-1, NULL, NULL);
-    ps->finished = 1;
+    if (s == TERSE_OK) ps->finished = 1;
     return s;
 }
 

@@ -720,10 +720,13 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  *
  * Placement. A tensor is cut into chunks of chunk_bytes; chunks are placed
  * on servers by consistent hashing with `vnodes` virtual nodes per server
- * and bounded loads (no server gets more than 1.25x the mean bytes, so a
- * small model still spreads over every server, ps-lite #119), in
+ * and bounded loads (a server takes a chunk only while its bytes stay
+ * within 1.25x the mean of what is placed, rounded up to whole chunks, so
+ * a small model still spreads over the servers, ps-lite #119), in
  * declaration order; a change in the server set moves about 1/S of the
- * chunks. terse_ps_placement reports the bytes per server.
+ * chunks. terse_ps_placement reports the bytes per server. A worker whose
+ * declaration of any key differs is refused for that key and every later
+ * one (placement depends on them all).
  *
  * Compression. A key's push_spec is the codec workers encode with (its
  * error feedback lives on each worker, per chunk); its pull_spec the codec
@@ -769,7 +772,10 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * push carries the clock. In sync mode a worker pushes a key once per
  * step and pulls before its next push of it; a pull that returns a newer
  * version than the worker's step (it fell behind a quorum) moves its next
- * clock to that version.
+ * clock to that version; after a push refused for any reason but
+ * TERSE_ERR_STALE, terse_ps_clock keeps the worker at the same step so it
+ * can push again. A key held by several servers is pushed to each: a
+ * refusal by one does not undo what another applied.
  *
  * Failure. A refusal by the server -- unknown key, wrong size, a
  * declaration that differs, a push for a step already closed or too
@@ -777,12 +783,18 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * fails that request with its status and the server's sentence, is
  * counted in the server's terse_ps_stats and logged once per kind, and
  * leaves the communicator usable. A worker lost in sync mode without a
- * quorum fails every worker's pull of the step it never pushed with
- * TERSE_ERR_PEER_LOST naming it (with a quorum, and in async and ssp, the
- * others go on without it). A worker stopped (not dead) holds sync steps
- * open: their pulls fail with TERSE_ERR_TIMEOUT naming the workers
- * missing, after 3/4 of the communicator's timeout. A server lost fails
- * every later request that needs it with TERSE_ERR_PEER_LOST naming it.
+ * quorum fails every worker's pulls of the steps it can no longer close
+ * -- and every later request -- with TERSE_ERR_PEER_LOST naming it (with
+ * a quorum, and in async and ssp, the others go on without it). A worker
+ * stopped (not dead) holds sync steps open: their pulls fail with
+ * TERSE_ERR_TIMEOUT naming the workers missing, after 3/4 of the
+ * communicator's timeout; one silent in the middle of a message for the
+ * timeout is counted lost. Servers end serving with TERSE_ERR_TIMEOUT when
+ * no worker has sent anything for the timeout (a worker that exits
+ * without terse_ps_finish; or compute between requests longer than the
+ * timeout -- raise it). A server lost fails the worker's request with
+ * TERSE_ERR_PEER_LOST naming it, and the worker's communicator with it
+ * (replication, so that training goes on, is not built yet).
  *
  * Threading: calls on one terse_ps from one thread at a time; requests
  * may be tested and waited for as the engine allows. A request belongs to

@@ -454,12 +454,16 @@ static terse_ps *bare(int servers, size_t chunk_bytes) {
     ps->chunk_floats = chunk_bytes / 4;
     ps->placed = calloc((size_t)servers, sizeof *ps->placed);
     ps->keys = calloc(4096, sizeof *ps->keys);
+    for (size_t i = 0; i < 4096; i++) {
+        ps->keys[i] = calloc(1, sizeof **ps->keys);
+        ps->keys[i]->index = i;
+    }
     cr_assert_eq(terse__ps_ring_build(ps), TERSE_OK);
     return ps;
 }
 
 static void bare_place(terse_ps *ps, size_t key, size_t n) {
-    terse__ps_key *k = &ps->keys[key];
+    terse__ps_key *k = ps->keys[key];
     k->n = n;
     k->chunk_floats = ps->chunk_floats;
     k->nchunks = (n - 1) / k->chunk_floats + 1;
@@ -468,7 +472,8 @@ static void bare_place(terse_ps *ps, size_t key, size_t n) {
 }
 
 static void bare_free(terse_ps *ps, size_t nkeys) {
-    for (size_t i = 0; i < nkeys; i++) free(ps->keys[i].server);
+    for (size_t i = 0; i < nkeys; i++) free(ps->keys[i]->server);
+    for (size_t i = 0; i < 4096; i++) free(ps->keys[i]);
     free(ps->keys), free(ps->placed), free(ps->ring_hash), free(ps->ring_server);
     free(ps);
 }
@@ -497,9 +502,9 @@ Test(ps, placement_moves_about_one_in_s_when_a_server_joins) {
     }
     size_t moved = 0, to_other = 0;
     for (size_t k = 0; k < keys; k++)
-        if (a->keys[k].server[0] != b->keys[k].server[0]) {
+        if (a->keys[k]->server[0] != b->keys[k]->server[0]) {
             moved++;
-            to_other += b->keys[k].server[0] != 3;
+            to_other += b->keys[k]->server[0] != 3;
         }
     double frac = (double)moved / (double)keys;
     fprintf(stderr, "placement: adding a 4th server moved %.1f%% of 1000 chunks (%zu not to the new server)\n",
@@ -528,7 +533,7 @@ static int comp_body(terse_comm *c, tr_out *o, const void *arg) {
     terse_ps *ps = NULL;
     TR_CALL(o, terse_ps_create(c, &cfg, &ps));
     TR_CALL(o, terse_ps_declare(ps, 0, CN, "qsgd:bits=4,ef=1", "int8:ef=1", NULL));
-    terse__ps_key *k = &ps->keys[0];
+    terse__ps_key *k = ps->keys[0];
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         TR_CALL(o, terse_ps_serve(ps));
@@ -614,14 +619,14 @@ Test(ps, compression_both_ways_keeps_the_sum_identity_shm) { compression("shm");
 #define BN 3000
 
 static terse__ps_hdr hdr_for(terse_ps *ps, int op, uint64_t key, int s, uint64_t plen) {
-    terse__ps_key *k = &ps->keys[0];
+    terse__ps_key *k = ps->keys[0];
     terse__ps_hdr h = {op, key, ps->clock, plen, 0, k->srv_floats[s], k->decl_hash};
     return h;
 }
 
 /* A valid payload for server s: its chunks of key 0, encoded "none". */
 static size_t payload_for(terse_ps *ps, int s, const float *x, uint8_t *out) {
-    terse__ps_key *k = &ps->keys[0];
+    terse__ps_key *k = ps->keys[0];
     size_t off = 0;
     for (size_t ch = 0; ch < k->nchunks; ch++) {
         if (k->server[ch] != s) continue;
@@ -669,7 +674,7 @@ static int bad_body(terse_comm *c, tr_out *o, const void *arg) {
         o->u[43] = (uint64_t)terse_ps_push(ps, 0, x, NULL); /* a server may not push */
         if (rank == 1) { /* a rank that is not a worker talks to server 0 */
             static uint8_t pl[2 * BN * 4];
-            terse__ps_hdr h = {TERSE__PS_PUSH, 0, 0, 64, 0, 0, ps->keys[0].decl_hash};
+            terse__ps_hdr h = {TERSE__PS_PUSH, 0, 0, 64, 0, 0, ps->keys[0]->decl_hash};
             terse__ps_rep rep_;
             memset(&rep_, 0, sizeof rep_);
             TR_CALL(o, terse__ps_test_raw(ps, 0, &h, pl, 64, &rep_));
@@ -691,7 +696,7 @@ static int bad_body(terse_comm *c, tr_out *o, const void *arg) {
     o->u[44] = (uint64_t)terse_ps_push(ps, 99, x, NULL);
     o->u[45] = (uint64_t)terse_ps_pull(ps, 0, NULL, NULL);
     int s = terse_ps_chunk_server(ps, 0, 0);
-    terse__ps_key *k = &ps->keys[0];
+    terse__ps_key *k = ps->keys[0];
     static uint8_t pl[2 * BN * 4 + 4096];
     terse__ps_hdr h;
     h = hdr_for(ps, TERSE__PS_PULL, 7, s, 0);
@@ -824,6 +829,94 @@ Test(ps, server_killed_shm) {
         cr_assert_lt(o[w].val[0], 5000.0, "took %.0f ms", o[w].val[0]);
         cr_assert(strstr(o[w].err, "rank 1"), "worker %d does not name server rank 1: %s", w,
                   o[w].err);
+    }
+    tr_release(o);
+}
+
+/* A header that announces a payload of several transport chunks, followed
+ * by a short one (over shm, where no MAC drops it first): the server
+ * refuses it, cancels the receive's other chunks before it reuses the
+ * buffer, and serves on. */
+#define SN (600 * 1024)
+static int short_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    terse_ps *ps = NULL;
+    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    TR_CALL(o, terse_ps_declare(ps, 0, SN, NULL, NULL, NULL));
+    if (terse_ps_is_server(ps)) {
+        TR_CALL(o, terse_ps_serve(ps));
+        terse_ps_free(ps);
+        return 0;
+    }
+    static float x[SN];
+    static uint8_t junk[256];
+    for (int round = 0; round < 3; round++) {
+        terse__ps_key *k = ps->keys[0];
+        terse__ps_hdr h = {TERSE__PS_PUSH, 0, ps->clock, k->srv_push_bound[0], 0,
+                           k->srv_floats[0], k->decl_hash};
+        terse__ps_rep rep_;
+        memset(&rep_, 0, sizeof rep_);
+        TR_CALL(o, terse__ps_test_raw(ps, 0, &h, junk, sizeof junk, &rep_));
+        o->u[round] = (uint64_t)rep_.status;
+    }
+    for (size_t i = 0; i < SN; i++) x[i] = grad(1, 0, 0, i);
+    TR_CALL(o, terse_ps_pushpull(ps, 0, x, NULL));
+    for (size_t i = 0; i < SN; i++)
+        if (x[i] != grad(1, 0, 0, i)) {
+            snprintf(o->err, sizeof o->err, "element %zu: %g", i, (double)x[i]);
+            o->status = 1;
+            return 1;
+        }
+    TR_CALL(o, terse_ps_finish(ps));
+    terse_ps_free(ps);
+    return 0;
+}
+
+Test(ps, a_short_payload_is_refused_and_its_receive_cancelled_shm) {
+    tr_job job = {"shm", 2, 20000, 60, -1, NULL};
+    tr_out *o = tr_run(&job, short_body, NULL);
+    for (int r = 0; r < 3; r++)
+        cr_assert_eq(o[1].u[r], TERSE_ERR_CORRUPT, "round %d: %s", r,
+                     terse_status_name((terse_status)o[1].u[r]));
+    tr_release(o);
+}
+
+/* Sync: a worker that pushes a step and finishes without pulling still
+ * counts for that step, and the step waits for the others. */
+static int finish_early_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    terse_ps *ps = NULL;
+    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
+    int rank = terse_comm_rank(c);
+    if (terse_ps_is_server(ps)) {
+        TR_CALL(o, terse_ps_serve(ps));
+        terse_ps_free(ps);
+        return 0;
+    }
+    float buf[QN];
+    for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, 0, 0, i);
+    if (rank == 3) usleep(300000);
+    if (rank == 1) {
+        TR_CALL(o, terse_ps_push(ps, 0, buf, NULL));
+    } else {
+        TR_CALL(o, terse_ps_pushpull(ps, 0, buf, NULL));
+        for (size_t i = 0; i < QN; i++) o->f[i] = buf[i];
+    }
+    TR_CALL(o, terse_ps_finish(ps));
+    terse_ps_free(ps);
+    return 0;
+}
+
+Test(ps, sync_counts_a_push_from_a_worker_that_finished) {
+    tr_job job = {"tcp", 4, 20000, 60, -1, NULL};
+    tr_out *o = tr_run(&job, finish_early_body, NULL);
+    for (size_t i = 0; i < QN; i++) {
+        double ref = (grad(1, 0, 0, i) + grad(2, 0, 0, i) + grad(3, 0, 0, i)) / 3.0;
+        cr_assert(fabs(o[2].f[i] - ref) < 1e-6, "element %zu: %g vs %g", i, (double)o[2].f[i], ref);
+        cr_assert_eq(o[2].f[i], o[3].f[i]);
     }
     tr_release(o);
 }

@@ -62,6 +62,7 @@ typedef struct terse__fabric_req {
     size_t len;
     size_t chunks, posted, done; /* chunk bookkeeping */
     int error;                   /* a terse_status once failed */
+    int sink;                    /* every chunk lands at buf (one chunk in flight) */
     uint32_t epoch;              /* the fabric's epoch when started (wire MACs) */
 } terse__fabric_req;
 
@@ -122,6 +123,16 @@ terse_status terse__fabric_progress(terse__fabric *f, size_t *events);
 int terse__fabric_cancel(terse__fabric *f, terse__fabric_req *r);
 /* 1 once r completed or failed (r->error). */
 int terse__fabric_req_done(const terse__fabric_req *r);
+/* Tolerant mode: 1 once r completed, or failed and nothing of it is posted
+ * any more (a failed request's other chunks are cancelled at its failure
+ * and come back later): only then may r and its buffer be reused. */
+int terse__fabric_req_idle(const terse__fabric *f, const terse__fabric_req *r);
+/* Receive a message of len bytes and throw it away, through a buffer of
+ * min(len, chunk size) bytes (terse__fabric_sink_bytes), one chunk at a
+ * time: so a refused message of any size can be drained. */
+terse_status terse__fabric_irecv_sink(terse__fabric *f, int peer, uint64_t tag, void *buf,
+                                      size_t len, terse__fabric_req *req);
+size_t terse__fabric_sink_bytes(const terse__fabric *f);
 
 /* After a failure: cancel every operation still posted, give the
  * cancellations a short bounded time (at most 20 ms) to come back, then

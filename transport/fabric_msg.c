@@ -64,8 +64,20 @@ static terse_status fail(terse__fabric *f, terse_status st) {
  * chunks are no longer posted and whose state the next progress round
  * recycles once nothing of it is in flight. */
 static terse_status req_fail(terse__fabric *f, terse__fabric_req *r, terse_status st) {
-    if (r) r->error = st;
-    if (f->tolerant && r) return TERSE_OK;
+    int first = r && !r->error;
+    if (first) r->error = st; /* its first error is the one to report */
+    if (f->tolerant && r && !first) return TERSE_OK; /* its other chunks, cancelled, coming back */
+    if (f->tolerant && r) {
+        /* Its other chunks come back cancelled; the request is idle (its
+         * buffer free) once the last one has. */
+        for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
+            if (f->slots[i].op && f->slots[i].op->req == r) {
+                terse__fabric_enter(f, r->peer, "fi_cancel");
+                (void)fi_cancel(&f->ep->fid, &f->slots[i].ctx);
+                terse__fabric_leave(f);
+            }
+        return TERSE_OK;
+    }
     return fail(f, st);
 }
 
@@ -151,7 +163,8 @@ void terse__fabric_release_ops(terse__fabric *f) {
 static terse_status op_register(terse__fabric *f, terse__fabric_op *op) {
     terse__fabric_req *r = op->req;
     uint64_t key = f->mr_prov_key ? 0 : f->next_mr_key++;
-    int ret = fi_mr_reg(f->domain, r->buf, r->len, r->is_send ? FI_SEND : FI_RECV, 0, key, 0,
+    size_t bytes = r->sink && r->len > op->chunk_bytes ? op->chunk_bytes : r->len;
+    int ret = fi_mr_reg(f->domain, r->buf, bytes, r->is_send ? FI_SEND : FI_RECV, 0, key, 0,
                         &op->mr, NULL);
     if (ret == 0 && f->mr_endpoint) {
         ret = fi_mr_bind(op->mr, &f->ep->fid, 0);
@@ -182,7 +195,7 @@ static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_sl
                         size_t i) {
     terse__fabric_req *r = op->req;
     size_t n = chunk_len(op, i);
-    uint8_t *p = r->buf ? r->buf + i * op->chunk_bytes : NULL;
+    uint8_t *p = r->buf ? r->buf + (r->sink ? 0 : i * op->chunk_bytes) : NULL;
     uint64_t tag = r->tag | ((uint64_t)i << TERSE__TAG_BITS);
     uint8_t *stage = NULL;
     if (f->encrypt && r->is_send) { /* the ciphertext goes out of a staging buffer */
@@ -234,7 +247,8 @@ static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_sl
 static terse_status post_chunks(terse__fabric *f, terse__fabric_op *op, int *full) {
     terse__fabric_req *r = op->req;
     terse__fabric_slot **pool = r->is_send ? &f->tx_free : &f->rx_free;
-    while (!r->error && r->posted < r->chunks && op->inflight < TERSE__FABRIC_WINDOW) {
+    const size_t window = r->sink ? 1 : TERSE__FABRIC_WINDOW;
+    while (!r->error && r->posted < r->chunks && op->inflight < window) {
         terse__fabric_slot *s = *pool;
         if (!s) {
             *full = 1;
@@ -260,21 +274,30 @@ static void slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send);
 
 /* Give every active request its chance to post, oldest first. */
 static terse_status post_pending(terse__fabric *f) {
-    /* First the receives a forged chunk consumed (their slots are held). */
+    /* First the receives a forged chunk consumed (their slots are held,
+     * and still counted in their op's inflight). */
     while (f->repost) {
         terse__fabric_slot *s = f->repost;
-        ssize_t ret = post_one(f, s->op, s, s->chunk);
-        if (atomic_load(&f->abandoned)) return abandoned(f);
-        if (ret == -FI_EAGAIN) break;
-        if (ret != 0) {
-            terse__fabric_op *op = s->op;
-            TERSE_CHECK(post_error(f, op->req, s->chunk, (int)ret));
-            f->repost = s->next_free; /* tolerant: that request failed alone */
+        terse__fabric_op *op = s->op;
+        if (op->req->error) { /* the request failed meanwhile: the slot goes back */
+            f->repost = s->next_free;
+            op->inflight--;
             slot_put(f, s, 0);
             continue;
         }
+        ssize_t ret = post_one(f, op, s, s->chunk);
+        if (atomic_load(&f->abandoned)) return abandoned(f);
+        if (ret == -FI_EAGAIN) {
+            s->op = op; /* post_one let go of it: it stays ours, to post later */
+            break;
+        }
         f->repost = s->next_free;
-        s->op->inflight++;
+        if (ret != 0) {
+            size_t chunk = s->chunk;
+            op->inflight--;
+            slot_put(f, s, 0);
+            TERSE_CHECK(post_error(f, op->req, chunk, (int)ret)); /* tolerant: it failed alone */
+        }
     }
     int tx_full = 0, rx_full = 0;
     for (terse__fabric_op *op = f->active_head; op && !(tx_full && rx_full); op = op->next) {
@@ -324,7 +347,7 @@ static int try_inject(terse__fabric *f, terse__fabric_req *r, terse_status *st) 
 }
 
 static terse_status start(terse__fabric *f, int is_send, int peer, uint64_t tag, void *buf,
-                          size_t len, terse__fabric_req *req) {
+                          size_t len, terse__fabric_req *req, int sink) {
     const char *what = is_send ? "isend" : "irecv";
     if (!f || !req) return TERSE_ERROR(TERSE_ERR_INVALID, "fabric %s: NULL argument", what);
     if (f->failed)
@@ -360,6 +383,7 @@ static terse_status start(terse__fabric *f, int is_send, int peer, uint64_t tag,
     req->len = len;
     req->chunks = len ? (len - 1) / cb + 1 : 1;
     req->epoch = f->epoch;
+    req->sink = sink;
 
     terse_status st;
     if (try_inject(f, req, &st)) return st;
@@ -383,12 +407,19 @@ terse_status terse__fabric_isend(terse__fabric *f, int peer, uint64_t tag, const
                                  size_t len, terse__fabric_req *req) {
     /* The buffer is only read; req->buf is non-const because it serves both
      * directions. */
-    return start(f, 1, peer, tag, (void *)(uintptr_t)buf, len, req);
+    return start(f, 1, peer, tag, (void *)(uintptr_t)buf, len, req, 0);
 }
 
 terse_status terse__fabric_irecv(terse__fabric *f, int peer, uint64_t tag, void *buf, size_t len,
                                  terse__fabric_req *req) {
-    return start(f, 0, peer, tag, buf, len, req);
+    return start(f, 0, peer, tag, buf, len, req, 0);
+}
+
+size_t terse__fabric_sink_bytes(const terse__fabric *f) { return f ? f->chunk_bytes : 0; }
+
+terse_status terse__fabric_irecv_sink(terse__fabric *f, int peer, uint64_t tag, void *buf,
+                                      size_t len, terse__fabric_req *req) {
+    return start(f, 0, peer, tag, buf, len, req, 1);
 }
 
 /* ---------------------------------------------------------------- completions */
@@ -417,7 +448,8 @@ static terse_status drop_forged(terse__fabric *f, terse__fabric_slot *s, size_t 
                 "%#llx, chunk %zu): it failed authentication (%llu from rank %d so far)\n",
                 f->rank, got, r->peer, (unsigned long long)r->tag, s->chunk,
                 (unsigned long long)n, r->peer);
-    s->op->inflight--;
+    /* Still counted in op->inflight: the slot stays the op's until posted
+     * again (or returned, if the request failed meanwhile). */
     s->next_free = f->repost;
     f->repost = s;
     return TERSE_OK;
@@ -428,7 +460,7 @@ static terse_status complete(terse__fabric *f, terse__fabric_slot *s, size_t got
     terse__fabric_req *r = op->req;
     size_t want = chunk_len(op, s->chunk);
     if (f->mac && !r->is_send) {
-        const uint8_t *p = r->buf ? r->buf + s->chunk * op->chunk_bytes : NULL;
+        const uint8_t *p = r->buf ? r->buf + (r->sink ? 0 : s->chunk * op->chunk_bytes) : NULL;
         int ok = got == want + TERSE__WIRE_MAC &&
                  (f->encrypt ? terse__fabric_open_sealed(f, r, s->chunk, (uint8_t *)p, want, s->mac)
                              : terse__fabric_mac_ok(f, r, s->chunk, p, want, s->mac));
@@ -556,13 +588,39 @@ terse_status terse__fabric_progress(terse__fabric *f, size_t *events) {
     return TERSE_OK;
 }
 
+/* Give back the slots of op waiting in the repost list. */
+static void unrepost(terse__fabric *f, terse__fabric_op *op) {
+    terse__fabric_slot **pp = &f->repost;
+    while (*pp) {
+        terse__fabric_slot *s = *pp;
+        if (s->op != op) {
+            pp = &s->next_free;
+            continue;
+        }
+        *pp = s->next_free;
+        op->inflight--;
+        slot_put(f, s, 0);
+    }
+}
+
+static terse__fabric_op *op_of(const terse__fabric *f, const terse__fabric_req *r) {
+    for (terse__fabric_op *op = f->active_head; op; op = op->next)
+        if (op->req == r) return op;
+    return NULL;
+}
+
+int terse__fabric_req_idle(const terse__fabric *f, const terse__fabric_req *r) {
+    if (!r->error) return r->done >= r->chunks;
+    return op_of(f, r) == NULL;
+}
+
 int terse__fabric_cancel(terse__fabric *f, terse__fabric_req *r) {
-    if (!f || !r || terse__fabric_req_done(r) || !f->ep) return 1;
-    terse__fabric_op *op = f->active_head;
-    while (op && op->req != r) op = op->next;
+    if (!f || !r || !f->ep) return 1;
+    terse__fabric_op *op = op_of(f, r);
     if (!op) return 1;
     if (!f->tolerant) return 0;
-    r->error = TERSE_ERR_ABORTED; /* post nothing more of it */
+    if (!r->error) r->error = TERSE_ERR_ABORTED; /* post nothing more of it */
+    unrepost(f, op);
     for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
         if (f->slots[i].op == op) {
             terse__fabric_enter(f, r->peer, "fi_cancel");
@@ -571,8 +629,9 @@ int terse__fabric_cancel(terse__fabric *f, terse__fabric_req *r) {
         }
     uint64_t until = terse__now_ns() + 100000000ull;
     for (;;) {
-        for (op = f->active_head; op && op->req != r; op = op->next) {}
+        op = op_of(f, r);
         if (!op) return 1; /* it completed meanwhile and was recycled */
+        unrepost(f, op);
         if (!op->inflight) {
             op_put(f, op);
             return 1;
@@ -709,6 +768,12 @@ static void returned(terse__fabric *f, terse__fabric_slot *s) {
 void terse__fabric_quiesce(terse__fabric *f) {
     if (!f || !f->ep || atomic_load(&f->abandoned)) return;
     if (f->failed == TERSE_OK) f->failed = TERSE_ERR_ABORTED;
+    while (f->repost) { /* slots not posted: nothing to cancel */
+        terse__fabric_slot *s = f->repost;
+        f->repost = s->next_free;
+        if (s->op && s->op->inflight) s->op->inflight--;
+        slot_put(f, s, 0);
+    }
     const int sends_too = strcmp(f->provider, "shm") == 0;
     for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
         if (f->slots[i].op) {
