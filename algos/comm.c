@@ -514,7 +514,7 @@ terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) 
     if (n == 0) return TERSE_OK;
     uint64_t t0 = terse__now_ns();
     terse__fabric_wait_opts o = {UINT64_MAX, (uint64_t)c->timeout_ms * 1000000ull, &c->aborted,
-                                 c->store ? comm_alive : NULL, c, 0};
+                                 c->store ? comm_alive : NULL, c, 0, 0};
     terse_status s = terse__fabric_wait_ex(c->fabric, reqs, n, &o);
     if ((s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT) && c->store && !c->store_said &&
         !terse__fabric_is_abandoned(c->fabric))

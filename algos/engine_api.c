@@ -18,14 +18,20 @@
  * had begun must not depend on this rank's thread timing, since the other
  * ranks run them too. Freeing the communicator then tells the others this
  * rank is gone. */
-static terse_status admit(terse_comm *c, const char *what, terse_status arg_check) {
-    if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: communicator is NULL", what);
+/* Refuse a communicator of another process (a fork) or one aborted. */
+static terse_status ours(terse_comm *c, const char *what) {
     if (c->pid != getpid())
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "%s: the communicator of rank %d was used in a child process forked "
                            "after terse_comm_init; only the process that created it may use it",
                            what, c->rank);
     if (atomic_load(&c->aborted)) return terse__comm_aborted_error(c, what);
+    return TERSE_OK;
+}
+
+static terse_status admit(terse_comm *c, const char *what, terse_status arg_check) {
+    if (!c) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: communicator is NULL", what);
+    TERSE_CHECK(ours(c, what));
     pthread_mutex_lock(&c->lock);
     terse_status s = TERSE_OK;
     if (c->failed || c->refusing) {
@@ -120,12 +126,7 @@ terse_status terse__engine_start_ext(terse_comm *c, const terse_request *tmpl,
     const char *what = tmpl->a.ext.name;
     if (out) *out = NULL;
     if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: request pointer is NULL", what);
-    if (c->pid != getpid())
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "%s: the communicator of rank %d was used in a child process forked "
-                           "after terse_comm_init; only the process that created it may use it",
-                           what, c->rank);
-    if (atomic_load(&c->aborted)) return terse__comm_aborted_error(c, what);
+    TERSE_CHECK(ours(c, what));
     pthread_mutex_lock(&c->lock);
     int broken = c->failed || c->refusing;
     char why[512];
@@ -143,13 +144,7 @@ terse_status terse__engine_start_ext(terse_comm *c, const terse_request *tmpl,
 }
 
 terse_status terse__engine_run_ext(terse_comm *c, terse_request *r) {
-    const char *what = r->a.ext.name;
-    if (c->pid != getpid())
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "%s: the communicator of rank %d was used in a child process forked "
-                           "after terse_comm_init; only the process that created it may use it",
-                           what, c->rank);
-    if (atomic_load(&c->aborted)) return terse__comm_aborted_error(c, what);
+    TERSE_CHECK(ours(c, r->a.ext.name));
     return run_blocking(c, r);
 }
 

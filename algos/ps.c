@@ -269,6 +269,15 @@ static void free_codecs(terse_codec **v, size_t n) {
     free(v);
 }
 
+static void key_free(terse_ps *ps, terse__ps_key *k) {
+    free_codecs(k->push_enc, k->nchunks);
+    free_codecs(k->pull_dec, k->nchunks);
+    if (k->shard) terse__ps_shard_free(ps, k->shard);
+    free(k->server), free(k->srv_nchunks), free(k->srv_floats);
+    free(k->srv_push_bound), free(k->srv_pull_bound);
+    free(k);
+}
+
 /* The canonical spec, and refuse codecs that need more than one message. */
 static terse_status canon(const char *spec, size_t key, const char *what, char *out, size_t cap) {
     terse_codec *c = NULL;
@@ -363,12 +372,7 @@ terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n, const char *pu
     ps->keys[ps->nkeys++] = k;
     return TERSE_OK;
 fail:
-    free_codecs(k->push_enc, k->nchunks);
-    free_codecs(k->pull_dec, k->nchunks);
-    if (k->shard) terse__ps_shard_free(ps, k->shard);
-    free(k->server), free(k->srv_nchunks), free(k->srv_floats);
-    free(k->srv_push_bound), free(k->srv_pull_bound);
-    free(k);
+    key_free(ps, k);
     return s;
 }
 
@@ -411,15 +415,7 @@ terse_status terse_ps_clock(terse_ps *ps) {
 void terse_ps_free(terse_ps *ps) {
     if (!ps) return;
     if (ps->created && !ps->is_server && !ps->finished) (void)terse_ps_finish(ps);
-    for (size_t i = 0; i < ps->nkeys; i++) {
-        terse__ps_key *k = ps->keys[i];
-        free_codecs(k->push_enc, k->nchunks);
-        free_codecs(k->pull_dec, k->nchunks);
-        if (k->shard) terse__ps_shard_free(ps, k->shard);
-        free(k->server), free(k->srv_nchunks), free(k->srv_floats);
-        free(k->srv_push_bound), free(k->srv_pull_bound);
-        free(k);
-    }
+    for (size_t i = 0; i < ps->nkeys; i++) key_free(ps, ps->keys[i]);
     terse__ps_worker_free(ps);
     free(ps->keys);
     free(ps->placed), free(ps->seq);

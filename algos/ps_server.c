@@ -31,6 +31,11 @@ enum { P_HDR, P_DATA, P_DRAIN, P_PARKED, P_REPLY, P_DONE };
  * claiming more is a liar, whose send is left to its own timeout. */
 #define DRAIN_MAX ((size_t)1 << 36)
 #define POLL_NS 1000000ull
+/* Silence before the loop naps (20 us a round): short, since a server
+ * spinning on a core its workers compute on slows them down (measured with
+ * bench/ps-stragglers.sh, docs/ps.md); a nap costs a message at most its
+ * length in latency. */
+#define NAP_AFTER_NS 200000u
 
 /* Kinds of refusal, for counting and log-once. */
 enum { R_KEY, R_SIZE, R_STEP, R_CLOSED, R_ROLE, R_CORRUPT, R_STALE, R_LATE, R_TIMEOUT, R_LOST };
@@ -420,8 +425,9 @@ static terse_status handle_push(terse_ps *ps, int w) {
         }
         if (clock > sh->version)
             return refuse(ps, w, R_STEP,
-                          "a push for step %llu of key %zu while step %llu is open: in sync mode "
-                          "pull the step's result before pushing the next step",
+                          "a push for step %llu of key %zu while its step %llu is open: in sync "
+                          "mode every key is pushed at every step, and a key's result pulled "
+                          "before its next push (this key skipped a step, or was not pulled)",
                           (unsigned long long)clock, key, (unsigned long long)sh->version);
         if (sh->has[w])
             return refuse(ps, w, R_STEP, "rank %d already pushed step %llu of key %zu", w,
@@ -801,7 +807,7 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
         if (events) {
             idle = 0;
             last_event = now;
-        } else if (now - last_event >= 10000000u) {
+        } else if (now - last_event >= NAP_AFTER_NS) {
             struct timespec nap = {0, 20000};
             nanosleep(&nap, NULL);
         } else if (++idle >= 16) {

@@ -13,6 +13,8 @@
 #include "algos/ps.h"
 #include "common/error.h"
 
+#define PS_NAP_AFTER_NS 200000u
+
 typedef struct wait_ctx {
     terse_ps *ps;
     const uint8_t *need; /* per server: this request waits on it */
@@ -39,8 +41,10 @@ static terse_status wait_for(terse_ps *ps, terse__fabric_req *reqs, size_t n,
                              const uint8_t *need) {
     terse_comm *c = ps->comm;
     wait_ctx w = {ps, need};
+    /* Nap early: a pull may wait a whole step for a slower worker, and the
+     * CPU it would spin on is what the other workers compute with. */
     terse__fabric_wait_opts o = {UINT64_MAX, (uint64_t)c->timeout_ms * 1000000ull, &c->aborted,
-                                 servers_alive, &w, 1000000ull};
+                                 servers_alive, &w, 1000000ull, PS_NAP_AFTER_NS};
     uint64_t t0 = terse__now_ns();
     terse_status s = terse__fabric_wait_ex(c->fabric, reqs, n, &o);
     pthread_mutex_lock(&c->stats_lock);

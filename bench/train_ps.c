@@ -78,6 +78,32 @@ static double wire_sent(const worker *w) {
  * tensor. A push the server refuses as late or stale (a quorum closed the
  * step without it, or max_staleness) is dropped; the pull that follows
  * brings the newer parameters. */
+/* Dense runs: the whole model is one key (DDP buckets its gradients the
+ * same way), so a step is one round trip to each server, not one per
+ * tensor; flat holds the gradients going out and the parameters coming
+ * back. */
+static int exchange_fused(worker *w, terse_ps *ps, model *m, float *flat, double *stale) {
+    size_t off = 0, nt = model_tensor_count(m);
+    for (size_t i = 0; i < nt; i++) {
+        const model_tensor *t = model_tensor_at(m, i);
+        memcpy(flat + off, t->grad, t->n * sizeof(float));
+        off += t->n;
+    }
+    terse_status s = terse_ps_pushpull(ps, 0, flat, NULL);
+    if (s == TERSE_ERR_STALE) {
+        *stale += 1;
+        s = terse_ps_pull(ps, 0, flat, NULL);
+    }
+    if (s != TERSE_OK) return train_fail(w, "terse_ps_pushpull", s);
+    off = 0;
+    for (size_t i = 0; i < nt; i++) {
+        model_tensor *t = model_tensor_at(m, i);
+        memcpy(t->value, flat + off, t->n * sizeof(float));
+        off += t->n;
+    }
+    return 0;
+}
+
 static int exchange(worker *w, terse_ps *ps, model *m, double *stale) {
     terse_request *req[2 * MODEL_MAX_TENSORS] = {0};
     size_t nt = model_tensor_count(m);
@@ -103,11 +129,22 @@ static int exchange(worker *w, terse_ps *ps, model *m, double *stale) {
     return rc;
 }
 
-static int worker_train(worker *w, terse_ps *ps, run_state *r, snapshots *ss, double *sums) {
+static int worker_train(worker *w, terse_ps *ps, run_state *r, snapshots *ss, double *sums,
+                        float *flat) {
     const train_options *o = w->o;
     model *m = r->m;
     size_t nt = model_tensor_count(m);
-    for (size_t i = 0; i < nt; i++) {
+    if (flat) {
+        terse_status s = terse_ps_pull(ps, 0, flat, NULL);
+        if (s != TERSE_OK) return train_fail(w, "the first terse_ps_pull", s);
+        size_t off = 0;
+        for (size_t i = 0; i < nt; i++) {
+            model_tensor *t = model_tensor_at(m, i);
+            memcpy(t->value, flat + off, t->n * sizeof(float));
+            off += t->n;
+        }
+    }
+    for (size_t i = 0; !flat && i < nt; i++) {
         terse_status s = terse_ps_pull(ps, i, model_tensor_at(m, i)->value, NULL);
         if (s != TERSE_OK) return train_fail(w, "the first terse_ps_pull", s);
     }
@@ -126,7 +163,9 @@ static int worker_train(worker *w, terse_ps *ps, run_state *r, snapshots *ss, do
             loss_count += 1;
             train_straggle(w, t0);
             sums[T_COMPUTE] += bench_now() - t0;
-            if (exchange(w, ps, m, &sums[T_STALE]) != 0) return -1;
+            int bad = flat ? exchange_fused(w, ps, m, flat, &sums[T_STALE])
+                           : exchange(w, ps, m, &sums[T_STALE]);
+            if (bad) return -1;
             terse_status s = terse_ps_clock(ps);
             if (s != TERSE_OK) return train_fail(w, "terse_ps_clock", s);
             r->step++;
@@ -228,7 +267,26 @@ static int run_one(worker *w, int index, int servers, int is_server) {
     terse_status s = terse_ps_config_parse(o->ps_mode, &cfg);
     if (s == TERSE_OK) s = terse_ps_create(w->comm, &cfg, &ps);
     if (s != TERSE_OK) rc = train_fail(w, "terse_ps_create", s);
-    for (size_t i = 0; rc == 0 && i < model_tensor_count(r.m); i++) {
+    /* A dense run fuses the model into one key; a compressed one keeps a
+     * key per tensor, each with its codec. */
+    int dense = 1;
+    for (size_t i = 0; i < model_tensor_count(r.m); i++) {
+        const char *spec = train_spec_for(w, &r, model_tensor_at(r.m, i));
+        if (spec && strcmp(spec, TRAIN_DENSE) != 0) dense = 0;
+    }
+    float *flat = NULL;
+    if (rc == 0 && dense) {
+        size_t total = model_param_count(r.m), off = 0;
+        if (!(flat = malloc(total * sizeof(float)))) rc = train_fail(w, "allocating", TERSE_ERR_NOMEM);
+        for (size_t i = 0; rc == 0 && i < model_tensor_count(r.m); i++) {
+            const model_tensor *t = model_tensor_at(r.m, i);
+            memcpy(flat + off, t->value, t->n * sizeof(float));
+            off += t->n;
+        }
+        if (rc == 0) s = terse_ps_declare(ps, 0, total, NULL, NULL, flat);
+        if (rc == 0 && s != TERSE_OK) rc = train_fail(w, "terse_ps_declare", s);
+    }
+    for (size_t i = 0; rc == 0 && !dense && i < model_tensor_count(r.m); i++) {
         model_tensor *t = model_tensor_at(r.m, i);
         const char *spec = train_spec_for(w, &r, t);
         if (spec && strcmp(spec, TRAIN_DENSE) == 0) spec = NULL;
@@ -241,7 +299,7 @@ static int run_one(worker *w, int index, int servers, int is_server) {
         s = terse_ps_serve(ps);
         if (s != TERSE_OK) rc = train_fail(w, "terse_ps_serve", s);
     } else if (rc == 0) {
-        rc = worker_train(w, ps, &r, &ss, mine);
+        rc = worker_train(w, ps, &r, &ss, mine, flat);
         s = terse_ps_finish(ps);
         if (s != TERSE_OK && rc == 0) rc = train_fail(w, "terse_ps_finish", s);
     }
@@ -267,6 +325,7 @@ static int run_one(worker *w, int index, int servers, int is_server) {
         rc = evaluate_snapshots(w, &r, &ss, max);
     }
     free(all);
+    free(flat);
     for (size_t k = 0; k < ss.n; k++) free(ss.v[k].params);
     free(ss.v);
     terse_ps_free(ps);

@@ -102,6 +102,7 @@ typedef struct terse__fabric_wait_opts {
     terse__fabric_alive_fn alive;
     void *arg;
     uint64_t alive_period_ns; /* call alive at most this often (0: every round) */
+    uint64_t nap_after_ns;    /* silence before napping between rounds (0: 10 ms) */
 } terse__fabric_wait_opts;
 terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, size_t n,
                                    const terse__fabric_wait_opts *opts);

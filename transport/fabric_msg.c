@@ -723,7 +723,7 @@ terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, si
             if (st != TERSE_OK) return fail(f, st);
         }
         if (events) continue;
-        if (now - last_event >= NAP_AFTER_NS) {
+        if (now - last_event >= (o->nap_after_ns ? o->nap_after_ns : NAP_AFTER_NS)) {
             struct timespec nap = {0, NAP_NS};
             nanosleep(&nap, NULL);
         } else if (++idle >= IDLE_SPINS) {
@@ -734,7 +734,7 @@ terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, si
 
 terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_t n,
                                 uint64_t deadline_ns, terse__fabric_alive_fn alive, void *arg) {
-    terse__fabric_wait_opts o = {deadline_ns, 0, NULL, alive, arg, ALIVE_PERIOD_NS};
+    terse__fabric_wait_opts o = {deadline_ns, 0, NULL, alive, arg, ALIVE_PERIOD_NS, 0};
     return terse__fabric_wait_ex(f, reqs, n, &o);
 }
 
