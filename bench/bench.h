@@ -14,6 +14,7 @@ enum { BENCH_EXIT_OK = 0, BENCH_EXIT_RUNTIME = 1, BENCH_EXIT_USAGE = 2 };
 int bench_codecs_main(int argc, char **argv);
 int bench_allreduce_main(int argc, char **argv);
 int bench_train_main(int argc, char **argv);
+int bench_ps_main(int argc, char **argv);
 
 /* ---- command line (main.c) */
 

@@ -22,6 +22,8 @@ static const subcommand subcommands[] = {
      "AllReduce time, algbw and busbw, dense or compressed, optionally vs Open MPI"},
     {"train", bench_train_main,
      "Fashion-MNIST training over real workers: accuracy against bytes (--sweep)"},
+    {"ps", bench_ps_main,
+     "parameter-server push+pull time per worker beside the dense allreduce of the same bytes"},
 };
 #define N_SUBCOMMANDS (sizeof subcommands / sizeof subcommands[0])
 
