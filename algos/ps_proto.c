@@ -37,6 +37,9 @@ terse_status terse__ps_get_hdr(const uint8_t *b, terse__ps_hdr *h) {
                            terse__get_u32(b));
     if (terse__get_u32(b + 60) != terse__crc32c_update(0, b, 60))
         return TERSE_ERROR(TERSE_ERR_CORRUPT, "request header fails its checksum");
+    static const uint8_t zero[8] = {0};
+    if (memcmp(b + 5, zero, 3) != 0 || memcmp(b + 52, zero, 8) != 0)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "request header has nonzero reserved bytes");
     memset(h, 0, sizeof *h);
     h->op = b[4];
     h->key = terse__get_u64(b + 8);

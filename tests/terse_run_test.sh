@@ -141,10 +141,17 @@ if [ "$elapsed" -ge 1800 ]; then fail "exit 3: the sleeping ranks took ${elapsed
 if ! grep -q 'terse-run: rank 1 exited with status 3; stopping the others' "$work/exit3.err"; then
     fail "exit 3: no message naming rank 1: $(cat "$work/exit3.err")"
 fi
-# Leftovers would be the ranks' shells or their sleeps (allow a moment for
-# init to reap orphans, which kill -0 still sees as zombies).
-for i in $(seq 20); do
-    alive=$(for p in $(cat "$work"/pids.* 2>/dev/null); do kill -0 "$p" 2>/dev/null && echo "$p"; done)
+# Leftovers would be the ranks' shells or their sleeps. An orphan that has
+# died but that init has not reaped yet is a zombie, which kill -0 still
+# sees: it counts as stopped (this machine's init reaps lazily).
+running() { # PID: 0 if it exists and is not a zombie
+    kill -0 "$1" 2>/dev/null || return 1
+    local state
+    state=$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null) || return 1
+    [ -n "$state" ] && [ "$state" != Z ]
+}
+for i in $(seq 50); do
+    alive=$(for p in $(cat "$work"/pids.* 2>/dev/null); do running "$p" && echo "$p"; done)
     [ -z "$alive" ] && break
     sleep 0.1
 done
