@@ -104,10 +104,10 @@ static terse_status check_config(terse_comm *comm, const terse_ps_config *c) {
                            "terse_ps_config (%zu): initialise it with TERSE_PS_CONFIG_INIT",
                            c->size, sizeof *c);
     int n = comm->nranks;
-    if (c->num_servers > TERSE__COMM_MAX_REQS / 3)
+    if (c->num_servers > TERSE__PS_MAX_SERVERS)
         return TERSE_ERROR(TERSE_ERR_UNSUPPORTED,
                            "terse_ps_create: %d servers; a request talks to at most %d at once",
-                           c->num_servers, TERSE__COMM_MAX_REQS / 3);
+                           c->num_servers, TERSE__PS_MAX_SERVERS);
     if (c->num_servers < 1 || c->num_servers >= n)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_create: num_servers %d, but a job of %d ranks needs 1 to %d "

@@ -29,6 +29,8 @@
 #include "terse.h"
 
 #define TERSE__PS_HDR_BYTES 64
+/* A worker's request waits on three transfers per server at once. */
+#define TERSE__PS_MAX_SERVERS (TERSE__COMM_MAX_REQS / 3)
 #define TERSE__PS_REP_BYTES 256
 #define TERSE__PS_REP_TEXT (TERSE__PS_REP_BYTES - 40)
 

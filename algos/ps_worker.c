@@ -125,20 +125,19 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
     terse_comm *c = ps->comm;
     const int S = ps->nservers, push = op == TERSE__PS_PUSH || op == TERSE__PS_PUSHPULL,
               pull = op == TERSE__PS_PULL || op == TERSE__PS_PUSHPULL;
-    uint8_t need[256];
+    /* terse_ps_create keeps the servers within what one wait can hold:
+     * three requests per server in c->reqs. */
+    uint8_t need[TERSE__PS_MAX_SERVERS];
+    size_t plen[TERSE__PS_MAX_SERVERS] = {0};
     terse__fabric_req *q = c->reqs;
     size_t nq = 0;
     terse_status st = TERSE_OK;
-    if (S > (int)sizeof need || 3 * S > TERSE__COMM_MAX_REQS)
-        return TERSE_ERROR(TERSE_ERR_UNSUPPORTED, "rank %d: more than %d servers", ps->rank,
-                           TERSE__COMM_MAX_REQS / 3);
     uint64_t t0 = terse__now_ns();
     for (int s = 0; s < S; s++) {
         need[s] = k ? k->srv_nchunks[s] > 0 : 1;
         if (!need[s]) continue;
-        size_t plen = 0;
-        if (push) TERSE_CHECK(encode_for(ps, k, s, buf, &plen));
-        terse__ps_hdr h = {op, key, clock, plen, ps->seq[s], k ? k->srv_floats[s] : 0,
+        if (push) TERSE_CHECK(encode_for(ps, k, s, buf, &plen[s]));
+        terse__ps_hdr h = {op, key, clock, plen[s], ps->seq[s], k ? k->srv_floats[s] : 0,
                            k ? k->decl_hash : 0};
         terse__ps_put_hdr(ps->whdr + s * TERSE__PS_HDR_BYTES, &h);
     }
@@ -152,14 +151,9 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
         TERSE_CHECK(terse__comm_isend(c, s, terse__ps_tag(TERSE__PS_TAG_HDR, sq),
                                       ps->whdr + s * TERSE__PS_HDR_BYTES, TERSE__PS_HDR_BYTES,
                                       TERSE__BYTES_FRAMING, &q[nq++]));
-        if (push) {
-            terse__ps_hdr h;
-            terse__ps_get_hdr(ps->whdr + s * TERSE__PS_HDR_BYTES, &h);
-            if (h.payload_len)
-                TERSE_CHECK(terse__comm_isend(c, s, terse__ps_tag(TERSE__PS_TAG_DATA, sq),
-                                              ps->sbuf[s], h.payload_len, TERSE__BYTES_PAYLOAD,
-                                              &q[nq++]));
-        }
+        if (plen[s])
+            TERSE_CHECK(terse__comm_isend(c, s, terse__ps_tag(TERSE__PS_TAG_DATA, sq), ps->sbuf[s],
+                                          plen[s], TERSE__BYTES_PAYLOAD, &q[nq++]));
     }
     TERSE_CHECK(wait_for(ps, q, nq, need));
     /* Every reply is in: the conversation with each server moved on. */
@@ -288,7 +282,9 @@ void terse__ps_worker_free(terse_ps *ps) {
 terse_status terse__ps_test_raw(terse_ps *ps, int server, terse__ps_hdr *h, const void *payload,
                                 size_t len, terse__ps_rep *rep) {
     terse_comm *c = ps->comm;
-    uint8_t need[256] = {0};
+    uint8_t need[TERSE__PS_MAX_SERVERS] = {0};
+    if (server < 0 || server >= ps->nservers)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "test_raw: no server %d", server);
     need[server] = 1;
     h->seq = ps->seq[server];
     uint8_t hb[TERSE__PS_HDR_BYTES], rb[TERSE__PS_REP_BYTES];

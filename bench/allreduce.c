@@ -153,35 +153,6 @@ static int usage_error(const char *fmt, const char *what) {
     return BENCH_EXIT_USAGE;
 }
 
-/* Bytes: decimal digits with an optional K, M or G (x1024^k) suffix. */
-static int parse_bytes(const char *text, size_t *out) {
-    if (!text || text[0] < '0' || text[0] > '9') return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno) return -1;
-    unsigned long long unit = 1;
-    switch (*end) {
-    case 'K': case 'k': unit = 1ull << 10; end++; break;
-    case 'M': case 'm': unit = 1ull << 20; end++; break;
-    case 'G': case 'g': unit = 1ull << 30; end++; break;
-    default: break;
-    }
-    if (*end == 'B' || *end == 'b') end++; /* "4MB" reads as "4M" */
-    if (*end != '\0' || v == 0 || v > (unsigned long long)SIZE_MAX / unit) return -1;
-    *out = (size_t)(v * unit);
-    return 0;
-}
-
-static int parse_int(const char *text, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
-}
-
 static int parse_shape(const char *text, size_t *rows, size_t *cols) {
     char *end;
     errno = 0;
@@ -242,26 +213,26 @@ static int apply_valued(ar_options *o, char opt, const char *a, const char *val,
         return 0;
     case 'b':
     case 'e':
-        if (parse_bytes(val, opt == 'b' ? b : e) != 0 || (opt == 'b' ? *b : *e) % 4 != 0 ||
+        if (bench_parse_bytes(val, opt == 'b' ? b : e) != 0 || (opt == 'b' ? *b : *e) % 4 != 0 ||
             (opt == 'b' ? *b : *e) / 4 > TERSE_MAX_ELEMENTS)
             return usage_error("bad size '%s' (want bytes, a multiple of 4, with an optional "
                                "K, M or G suffix)", val);
         *have_sweep = 1;
         return 0;
     case 'f':
-        if (parse_int(val, 2, 1024, f) != 0)
+        if (bench_parse_int(val, 2, 1024, f) != 0)
             return usage_error("bad step factor '%s' in -f (want 2..1024)", val);
         return 0;
     case 'n':
-        if (parse_int(val, 1, 1024, &o->nranks) != 0)
+        if (bench_parse_int(val, 1, 1024, &o->nranks) != 0)
             return usage_error("bad rank count '%s' in -n (want 1..1024)", val);
         return 0;
     case 'r':
-        if (parse_int(val, 1, AR_MAX_ITERS, &o->iters) != 0)
+        if (bench_parse_int(val, 1, AR_MAX_ITERS, &o->iters) != 0)
             return usage_error("bad iteration count '%s' in -r (want 1..10000)", val);
         return 0;
     case 'w':
-        if (parse_int(val, 0, AR_MAX_ITERS, &o->warmup) != 0)
+        if (bench_parse_int(val, 0, AR_MAX_ITERS, &o->warmup) != 0)
             return usage_error("bad warm-up count '%s' in -w (want 0..10000)", val);
         return 0;
     case 't': {
@@ -296,7 +267,7 @@ static int apply_valued(ar_options *o, char opt, const char *a, const char *val,
         o->results = val;
         return 0;
     case 'V':
-        if (parse_int(val, 1, 600000, &o->overlap_ms) != 0)
+        if (bench_parse_int(val, 1, 600000, &o->overlap_ms) != 0)
             return usage_error("bad --overlap '%s' (want milliseconds, 1..600000)", val);
         return 0;
     default:

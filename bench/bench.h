@@ -21,6 +21,11 @@ int bench_ps_main(int argc, char **argv);
 /* Parse an element count: decimal digits with an optional K (x1024) or M
  * (x1024^2) suffix, either case. Returns 0 and sets *n (> 0), or -1. */
 int bench_parse_count(const char *text, size_t *n);
+/* A byte size: decimal digits with an optional K, M or G (x1024^k) suffix
+ * and an optional B ("4MB" reads as "4M"). 0 and *out > 0, or -1. */
+int bench_parse_bytes(const char *text, size_t *out);
+/* A decimal integer in [lo, hi]. 0 or -1. */
+int bench_parse_int(const char *text, long lo, long hi, int *out);
 
 /* The shortest label bench_parse_count reads back as n: "64K", "16M",
  * "1000". Writes into buf (cap >= 24). */

@@ -99,3 +99,31 @@ const char *bench_count_label(size_t n, char *buf, size_t cap) {
         snprintf(buf, cap, "%zu", n);
     return buf;
 }
+
+int bench_parse_bytes(const char *text, size_t *out) {
+    if (!text || text[0] < '0' || text[0] > '9') return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno) return -1;
+    unsigned long long unit = 1;
+    switch (*end) {
+    case 'K': case 'k': unit = 1ull << 10; end++; break;
+    case 'M': case 'm': unit = 1ull << 20; end++; break;
+    case 'G': case 'g': unit = 1ull << 30; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b') end++; /* "4MB" reads as "4M" */
+    if (*end != '\0' || v == 0 || v > (unsigned long long)SIZE_MAX / unit) return -1;
+    *out = (size_t)(v * unit);
+    return 0;
+}
+
+int bench_parse_int(const char *text, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}

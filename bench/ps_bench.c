@@ -120,35 +120,6 @@ static int usage_error(const char *fmt, const char *what) {
     return BENCH_EXIT_USAGE;
 }
 
-/* Bytes: decimal digits with an optional K, M or G (x1024^k) suffix and an
- * optional B after it. */
-static int parse_bytes(const char *text, size_t *out) {
-    if (!text || text[0] < '0' || text[0] > '9') return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno) return -1;
-    unsigned long long unit = 1;
-    switch (*end) {
-    case 'K': case 'k': unit = 1ull << 10; end++; break;
-    case 'M': case 'm': unit = 1ull << 20; end++; break;
-    case 'G': case 'g': unit = 1ull << 30; end++; break;
-    default: break;
-    }
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end != '\0' || v == 0 || v > (unsigned long long)SIZE_MAX / unit) return -1;
-    *out = (size_t)(v * unit);
-    return 0;
-}
-
-static int parse_int(const char *text, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
-}
 
 /* A comma-separated list of ints in [lo, hi], none repeated. */
 static int parse_int_list(const char *text, long lo, long hi, int *v, size_t cap, size_t *n) {
@@ -161,7 +132,7 @@ static int parse_int_list(const char *text, long lo, long hi, int *v, size_t cap
         char *comma = strchr(p, ',');
         if (comma) *comma = '\0';
         int x;
-        if (*n == cap || parse_int(p, lo, hi, &x) != 0) return -1;
+        if (*n == cap || bench_parse_int(p, lo, hi, &x) != 0) return -1;
         for (size_t i = 0; i < *n; i++)
             if (v[i] == x) return -1;
         v[(*n)++] = x;
@@ -181,7 +152,7 @@ static int parse_sizes(const char *text, psb_options *o) {
         char *comma = strchr(p, ',');
         if (comma) *comma = '\0';
         size_t b;
-        if (parse_bytes(p, &b) != 0 || b % 4 != 0 || b / 4 > TERSE_MAX_ELEMENTS)
+        if (bench_parse_bytes(p, &b) != 0 || b % 4 != 0 || b / 4 > TERSE_MAX_ELEMENTS)
             return usage_error("bad size in --sizes '%s' (want bytes, each a multiple of 4, "
                                "with an optional K, M or G suffix)", text);
         if (o->n_sizes == PSB_MAX_SIZES)
@@ -239,12 +210,12 @@ static int apply_valued(psb_options *o, const char *opt, const char *val, int *s
                 return usage_error("--codec '%s' is given twice", val);
         o->specs[o->n_specs++] = val;
     } else if (strcmp(opt, "--chunk-bytes") == 0) {
-        if (parse_bytes(val, &o->chunk_bytes) != 0 || o->chunk_bytes % 4 != 0 ||
+        if (bench_parse_bytes(val, &o->chunk_bytes) != 0 || o->chunk_bytes % 4 != 0 ||
             o->chunk_bytes < 64 || o->chunk_bytes > ((size_t)1 << 30))
             return usage_error("bad --chunk-bytes '%s' (want bytes, a multiple of 4 from 64 to "
                                "1G, with an optional K, M or G suffix)", val);
     } else if (strcmp(opt, "--repeats") == 0) {
-        if (parse_int(val, 1, PSB_MAX_REPEATS, &o->repeats) != 0)
+        if (bench_parse_int(val, 1, PSB_MAX_REPEATS, &o->repeats) != 0)
             return usage_error("bad --repeats '%s' (want a count of timed iterations, "
                                "1..10000)", val);
     } else if (strcmp(opt, "--provider") == 0) {

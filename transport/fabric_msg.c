@@ -588,17 +588,17 @@ terse_status terse__fabric_progress(terse__fabric *f, size_t *events) {
     return TERSE_OK;
 }
 
-/* Give back the slots of op waiting in the repost list. */
+/* Give back the slots of op (every op: NULL) waiting in the repost list. */
 static void unrepost(terse__fabric *f, terse__fabric_op *op) {
     terse__fabric_slot **pp = &f->repost;
     while (*pp) {
         terse__fabric_slot *s = *pp;
-        if (s->op != op) {
+        if (op && s->op != op) {
             pp = &s->next_free;
             continue;
         }
         *pp = s->next_free;
-        op->inflight--;
+        if (s->op && s->op->inflight) s->op->inflight--;
         slot_put(f, s, 0);
     }
 }
@@ -768,12 +768,7 @@ static void returned(terse__fabric *f, terse__fabric_slot *s) {
 void terse__fabric_quiesce(terse__fabric *f) {
     if (!f || !f->ep || atomic_load(&f->abandoned)) return;
     if (f->failed == TERSE_OK) f->failed = TERSE_ERR_ABORTED;
-    while (f->repost) { /* slots not posted: nothing to cancel */
-        terse__fabric_slot *s = f->repost;
-        f->repost = s->next_free;
-        if (s->op && s->op->inflight) s->op->inflight--;
-        slot_put(f, s, 0);
-    }
+    unrepost(f, NULL); /* slots not posted: nothing to cancel */
     const int sends_too = strcmp(f->provider, "shm") == 0;
     for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
         if (f->slots[i].op) {
