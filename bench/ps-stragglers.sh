@@ -40,7 +40,8 @@ configs=("allreduce|--mode allreduce --momentum 0.9"
          "ps:async|--mode ps:async --servers 2 --momentum 0.9"
          "ps:async m=0.5|--mode ps:async --servers 2 --momentum 0.5")
 raw=$(mktemp /tmp/ps-stragglers-XXXXXX.csv)
-echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores; $reps repeats" >&2
+cpu="$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores"
+echo "# $cpu; $reps repeats; command: bench/ps-stragglers.sh $reps"
 for rep in $(seq 1 "$reps"); do
     for c in "${configs[@]}"; do
         label=${c%%|*}
@@ -103,7 +104,7 @@ if command -v gnuplot >/dev/null; then
     gnuplot <<EOF
 set terminal pngcairo size 900,560 noenhanced
 set output "$plot"
-set title "Fashion-MNIST MLP, 4 workers, worker 3 computes 3x slower (tcp, $(nproc) cores)"
+set title "Fashion-MNIST MLP, 4 workers, worker 3 computes 3x slower (tcp, $cpu)"
 set xlabel "training wall time of worker 0 (s)"
 set ylabel "test accuracy (%)"
 set yrange [60:90]
