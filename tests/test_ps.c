@@ -922,3 +922,51 @@ Test(ps, sync_counts_a_push_from_a_worker_that_finished) {
     }
     tr_release(o);
 }
+
+/* Sync: a worker SIGSTOPped before its push holds the step open; the
+ * other's pull fails with TERSE_ERR_TIMEOUT naming it (at 3/4 of the
+ * timeout), and its communicator stays usable. It then kills the stopped
+ * one, and the server ends naming it lost. */
+static int stopped_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    tr_out *all = o - terse_comm_rank(c); /* ranks.h's outputs are one shared array */
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    terse_ps *ps = NULL;
+    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
+    int rank = terse_comm_rank(c);
+    if (terse_ps_is_server(ps)) {
+        o->u[5] = (uint64_t)terse_ps_serve(ps);
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        terse_ps_free(ps);
+        return 0;
+    }
+    float buf[QN];
+    for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, 0, 0, i);
+    if (rank == 2) {
+        all[2].u[9] = (uint64_t)getpid();
+        __atomic_store_n(&all[2].u[8], 1, __ATOMIC_RELEASE);
+        raise(SIGSTOP);
+    }
+    while (!__atomic_load_n(&all[2].u[8], __ATOMIC_ACQUIRE)) usleep(1000);
+    double t0 = tr_now_ms();
+    terse_status s = terse_ps_pushpull(ps, 0, buf, NULL);
+    o->val[0] = tr_now_ms() - t0;
+    o->u[0] = (uint64_t)s;
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    kill((pid_t)all[2].u[9], SIGKILL);
+    o->u[1] = (uint64_t)terse_ps_finish(ps); /* still usable: a refusal fails one request */
+    terse_ps_free(ps);
+    return 0;
+}
+
+Test(ps, sync_stopped_worker_times_out_the_others_naming_it) {
+    tr_job job = {"tcp", 3, 4000, 60, 2, NULL};
+    tr_out *o = tr_run(&job, stopped_body, NULL);
+    cr_assert_eq(o[1].u[0], TERSE_ERR_TIMEOUT, "worker 1: %s", o[1].err);
+    cr_assert(strstr(o[1].err, "worker ranks 2"), "does not name the stopped worker: %s", o[1].err);
+    cr_assert_lt(o[1].val[0], 4000.0, "took %.0f ms, beyond the timeout", o[1].val[0]);
+    cr_assert_eq(o[1].u[1], TERSE_OK, "finish after the timeout: %s", o[1].err);
+    cr_assert_eq(o[0].u[5], TERSE_ERR_PEER_LOST, "serve: %s", o[0].err);
+    tr_release(o);
+}
