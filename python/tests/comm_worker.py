@@ -1,0 +1,136 @@
+"""One rank of test_comm.py: OUT SCENARIO PROVIDER. Writes a JSON result."""
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import terse
+
+out, scenario, provider = sys.argv[1], sys.argv[2], sys.argv[3]
+res = {}
+
+
+def digest(a):
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def done():
+    with open(out, "w") as f:
+        json.dump(res, f)
+
+
+comm = terse.Comm(provider=provider, timeout_ms=int(os.environ.get("T_TIMEOUT", "20000")))
+r, n = comm.rank, comm.size
+res["rank"], res["size"], res["provider"] = r, n, comm.provider
+
+if scenario == "collectives":
+    N = 100003
+    base = (np.arange(N) % 4096).astype(np.float32) * 0.5  # sums exact in fp32
+    x = base + r
+    comm.allreduce(x)                                      # sum
+    res["sum_ok"] = bool(np.array_equal(x, base * n + sum(range(n))))
+    y = base * (r + 1)
+    comm.allreduce(y, op="avg")
+    res["avg_err"] = float(np.abs(y - base * (n + 1) / 2).max())
+    res["avg_digest"] = digest(y)
+    # compressed, with error feedback
+    rng = np.random.default_rng(7 + r)
+    g = rng.standard_normal(N).astype(np.float32)
+    allg = [np.random.default_rng(7 + k).standard_normal(N).astype(np.float32) for k in range(n)]
+    with terse.Codec("int8:ef=1", N) as c:
+        c.set_stream(0, r)
+        gg = g.copy()
+        comm.allreduce(gg, codec=c, op="avg")
+        res["int8_err"] = float(np.abs(gg - sum(allg) / n).max())
+        res["int8_digest"] = digest(gg)
+        res["int8_residual"] = c.residual() is not None and bool(np.abs(c.residual()).max() > 0)
+    # broadcast of other dtypes and byte buffers
+    b = np.full(1000, r, dtype=np.int32) if r else np.arange(1000, dtype=np.int32)
+    comm.broadcast(b, root=0)
+    res["bcast_ok"] = bool(np.array_equal(b, np.arange(1000, dtype=np.int32)))
+    ba = bytearray(b"rank%02d" % r) if r != 1 else bytearray(b"RANK!!")
+    comm.broadcast(ba, root=1)
+    res["bcast_bytes"] = ba.decode()
+    # allgather of variable sizes
+    parts = comm.allgather(b"x" * (r + 1) + bytes([65 + r]))
+    res["gather_ok"] = parts == [b"x" * (k + 1) + bytes([65 + k]) for k in range(n)]
+    comm.barrier()
+    # non-blocking: four requests, waited in reverse order, equal the blocking calls
+    bufs = [base * (k + 1) + r for k in range(4)]
+    reqs = [comm.allreduce_start(bb, op="sum") for bb in bufs]
+    for q in reversed(reqs):
+        assert q.wait() is not None
+    res["nb_ok"] = all(np.array_equal(bufs[k], (base * (k + 1)) * n + sum(range(n)))
+                       for k in range(4))
+    # grouped small dense allreduces, and a torch tensor
+    smalls = [np.full(10, float(r + k), np.float32) for k in range(50)]
+    with comm.group():
+        reqs = [comm.allreduce_start(s) for s in smalls]
+    for q in reqs:
+        q.wait()
+    res["group_ok"] = all(np.all(smalls[k] == sum(range(n)) + n * k) for k in range(50))
+    q = comm.barrier_start()
+    while not q.test():
+        time.sleep(0.001)
+    g2 = comm.allgather_start(bytes([r]) * 3, recv_cap=3 * n).wait()
+    res["gather_nb_ok"] = g2 == [bytes([k]) * 3 for k in range(n)]
+    try:
+        import torch
+        t = torch.full((1000,), float(r))
+        comm.allreduce(t)
+        res["torch_ok"] = bool(torch.all(t == sum(range(n))))
+    except ImportError:
+        res["torch_ok"] = "no torch"
+    st = comm.stats()
+    res["stats_ops"] = st["ops"]
+    res["stats_bytes"] = st["payload_bytes_sent"]
+    comm.close()
+    done()
+
+elif scenario == "abort":
+    x = np.ones(1000, np.float32)
+    comm.allreduce(x)
+    if r == 0:
+        comm.abort()
+        try:
+            comm.allreduce(x)
+            res["status"] = "OK"
+        except terse.Error as e:
+            res["status"] = e.name
+        comm.close()   # tells rank 1 this rank is gone
+    else:
+        t0 = time.monotonic()
+        try:
+            comm.allreduce(x)
+            res["status"] = "OK"
+        except terse.Error as e:
+            res["status"] = e.name
+            res["detail"] = e.detail
+        res["seconds"] = time.monotonic() - t0
+        comm.close()
+    done()
+
+elif scenario == "killed":
+    x = np.ones(1 << 20, np.float32)
+    comm.allreduce(x)
+    if r == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    res["status"] = "OK"
+    try:
+        req = comm.allreduce_start(x)
+        req.wait()
+        for _ in range(1000):
+            comm.allreduce(x)
+    except terse.Error as e:
+        res["status"] = e.name
+        res["detail"] = str(e)
+    res["seconds"] = time.monotonic() - t0
+    comm.close()
+    done()
+else:
+    sys.exit("unknown scenario " + scenario)

@@ -1,0 +1,96 @@
+"""terse.Comm over real rank processes (tcp;ofi_rxm and shm on loopback)."""
+import numpy as np
+import pytest
+
+import terse
+from conftest import free_port
+
+
+@pytest.mark.parametrize("provider,n", [("tcp", 2), ("shm", 2), ("tcp", 3)])
+def test_collectives(ranks, provider, n):
+    res = ranks("comm_worker.py", n, ["collectives", provider]).results()
+    for r in res:
+        assert r["size"] == n
+        assert r["provider"] == ("shm" if provider == "shm" else "tcp;ofi_rxm")
+        assert r["sum_ok"] and r["avg_err"] < 1e-3
+        assert r["int8_err"] < 0.05 and r["int8_residual"]
+        assert r["bcast_ok"] and r["bcast_bytes"] == "RANK!!"
+        assert r["gather_ok"] and r["gather_nb_ok"] and r["nb_ok"] and r["group_ok"]
+        assert r["torch_ok"] in (True, "no torch")
+        assert r["stats_ops"] >= 10 and r["stats_bytes"] > 0
+    # every rank holds bitwise the same results
+    assert len({r["avg_digest"] for r in res}) == 1
+    assert len({r["int8_digest"] for r in res}) == 1
+
+
+def test_abort_fails_own_calls_and_tells_the_peer(ranks):
+    res = ranks("comm_worker.py", 2, ["abort", "tcp"]).results()
+    assert res[0]["status"] == "TERSE_ERR_ABORTED"
+    assert res[1]["status"] == "TERSE_ERR_PEER_LOST"
+    assert "rank 0" in res[1]["detail"]
+    assert res[1]["seconds"] < 15
+
+
+@pytest.mark.parametrize("provider", ["tcp", "shm"])
+def test_killed_peer_raises_within_the_timeout(ranks, provider):
+    rk = ranks("comm_worker.py", 2, ["killed", provider], env={"T_TIMEOUT": "3000"})
+    res = rk.results(expect_ok=False)
+    assert rk.rcs[1] == -9
+    assert rk.rcs[0] == 0, rk.logs()
+    assert res[0]["status"] in ("TERSE_ERR_PEER_LOST", "TERSE_ERR_TIMEOUT"), res[0]
+    assert "rank 1" in res[0]["detail"]
+    assert res[0]["seconds"] < 3.0 + 2.0
+
+
+def one_rank():
+    return terse.Comm(rank=0, size=1, addr="127.0.0.1:%d" % free_port(), provider="tcp")
+
+
+def test_single_rank_and_bad_buffers():
+    with one_rank() as comm:
+        assert comm.size == 1 and comm.rank == 0
+        x = np.arange(10, dtype=np.float32)
+        comm.allreduce(x, op="avg")
+        assert np.array_equal(x, np.arange(10, dtype=np.float32))
+        with pytest.raises(TypeError, match="float32"):
+            comm.allreduce(np.zeros(4))
+        with pytest.raises(TypeError, match="contiguous"):
+            comm.allreduce(np.zeros(8, np.float32)[::2])
+        ro = np.zeros(4, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(TypeError, match="writable"):
+            comm.allreduce(ro)
+        with pytest.raises(TypeError, match="list"):
+            comm.allreduce([1.0, 2.0])
+        with pytest.raises(ValueError, match="op"):
+            comm.allreduce(x, op="max")
+        with terse.Codec("fp16", 5) as c:
+            with pytest.raises(ValueError, match="5 elements"):
+                comm.allreduce(x, codec=c)
+        with pytest.raises(TypeError, match="terse.Codec"):
+            comm.allreduce(x, codec="fp16")
+    with pytest.raises(ValueError, match="closed"):
+        comm.barrier()
+
+
+def test_torch_tensor_checks():
+    torch = pytest.importorskip("torch")
+    with one_rank() as comm:
+        comm.allreduce(torch.ones(8))
+        with pytest.raises(TypeError, match="float32"):
+            comm.allreduce(torch.ones(8, dtype=torch.float64))
+        with pytest.raises(TypeError, match="contiguous"):
+            comm.allreduce(torch.ones(4, 4).t())
+        with pytest.raises(TypeError, match="requires grad"):
+            comm.allreduce(torch.ones(4, requires_grad=True))
+
+
+def test_bad_config_raises_named_status():
+    with pytest.raises(terse.Error) as e:
+        terse.Comm(rank=0, size=2, addr="127.0.0.1:%d" % free_port(), provider="tcp",
+                   token="short", init_timeout_ms=1000)
+    assert e.value.name == "TERSE_ERR_INVALID"
+    assert "16" in e.value.detail
+    with pytest.raises(terse.Error) as e:
+        terse.Comm(rank=0, size=1, addr="127.0.0.1:1", provider="carrier-pigeon")
+    assert e.value.status == terse.ERR_INVALID
