@@ -47,7 +47,12 @@ requests fail within the communicator's timeout (TERSE_TIMEOUT_MS, or
 timeout_ms of comm_from_process_group) and backward() raises with terse's
 sentence naming the peer. After a failure the communicator is aborted (as
 in the C API, it can only be closed) and every later call of the hook
-raises the same error at once; a bad spec raises when the Hook is made.
+raises the same error at once (Hook.error keeps it, status included:
+torch 1.13 re-raises it from backward() as a RuntimeError whose message
+holds terse's sentence). A spec that cannot hold for a parameter raises
+when the hook is registered (register(), or model=), where every codec is
+made; without the model, codecs are made on first use, and the error
+surfaces from backward().
 
 Checkpoints: state_dict() / load_state_dict() carry the iteration and every
 codec's state (error-feedback residual, PowerSGD's warm-start Q, random
@@ -140,11 +145,8 @@ class Hook:
         for pat, s in spec.items():
             if not isinstance(pat, str):
                 raise TypeError("spec patterns must be str, not %s" % type(pat).__name__)
-            if s in _DENSE:
-                continue
-            # Refuse a bad spec now, on every rank alike, not inside backward.
-            with terse.Codec(s, 64, 64):
-                pass
+            if s not in _DENSE and not isinstance(s, str):
+                raise TypeError("a spec must be a str or None, not %s" % type(s).__name__)
         if int(start_iter) < 0:
             raise ValueError("start_iter must be >= 0, not %d" % start_iter)
         self.comm = comm
@@ -167,9 +169,38 @@ class Hook:
     # -- setup
     def _name_parameters(self, model):
         module = getattr(model, "module", model)
-        self._names = {p.data_ptr(): (n, i)
-                       for i, (n, p) in enumerate(module.named_parameters())}
+        named = list(module.named_parameters())
+        self._names = {p.data_ptr(): (n, i) for i, (n, p) in enumerate(named)}
         self._plans.clear()
+        # Make every codec now, on every rank alike, so that a spec that
+        # cannot hold for a parameter (a bad option, top-k of more elements
+        # than it has) raises here and not inside backward.
+        for i, (n, p) in enumerate(named):
+            if p.requires_grad:
+                self._codec_for(n, i, p)
+
+    def _codec_for(self, name, index, p):
+        """The codec of parameter p (made on first use), or None for dense."""
+        s = self._spec_for(name)
+        n = p.numel()
+        if s is None or p.dim() < 2 or n < self.dense_below:
+            return None
+        rows = p.shape[0]
+        codec = self._codecs.get(name)
+        if codec is None or codec.rows != rows or codec.elements != n:
+            try:
+                codec = terse.Codec(s, rows, n // rows)
+            except terse.Error as e:
+                d = e.detail[len(e.name) + 2:] if e.detail.startswith(e.name + ": ") else e.detail
+                raise terse.Error(e.status, "parameter %s (%s), spec %r: %s"
+                                  % (name, "x".join(map(str, p.shape)), s, d),
+                                  "terse.torch.Hook") from None
+            codec.set_stream(index, self.comm.rank)
+            st = self._pending.pop(name, None)
+            if st is not None:
+                codec.load_state(st)
+            self._codecs[name] = codec
+        return codec
 
     def register(self, ddp):
         """Name the parameters from ddp and register the hook on it."""
@@ -194,18 +225,7 @@ class Hook:
             n = p.numel()
             name, index = self._names.get(p.data_ptr(), ("bucket%d.%d" % (bucket.index(), j),
                                                          (1 << 32) + bucket.index() * 4096 + j))
-            codec = None
-            s = self._spec_for(name)
-            if s is not None and p.dim() >= 2 and n >= self.dense_below:
-                codec = self._codecs.get(name)
-                rows = p.shape[0]
-                if codec is None or codec.rows != rows or codec.elements != n:
-                    codec = terse.Codec(s, rows, n // rows)
-                    codec.set_stream(index, self.comm.rank)
-                    st = self._pending.pop(name, None)
-                    if st is not None:
-                        codec.load_state(st)
-                    self._codecs[name] = codec
+            codec = self._codec_for(name, index, p)
             if codec is None and plan and plan[-1][2] is None and plan[-1][0] + plan[-1][1] == off:
                 plan[-1] = (plan[-1][0], plan[-1][1] + n, None)
             else:
@@ -218,9 +238,20 @@ class Hook:
         return plan
 
     # -- the hook
+    @property
+    def error(self):
+        """The first failure (a terse.Error, or what the hook raised), or
+        None. torch 1.13 re-raises a Future's exception from backward() as a
+        RuntimeError ("Unable to cast <terse's sentence> to Tensor"); this
+        keeps the status."""
+        return self._failed
+
     def __call__(self, bucket):
-        if self._failed is not None:
-            raise self._failed
+        f = self._failed
+        if f is not None:
+            if isinstance(f, terse.Error):
+                raise terse.Error(f.status, f.detail, f.where)
+            raise RuntimeError("terse.torch.Hook failed earlier: %s" % f)
         buf = bucket.buffer()
         it = self.iteration
         if bucket.is_last():
