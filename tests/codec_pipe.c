@@ -6,7 +6,12 @@
  * little-endian uint64, then the decode of the last message as raw fp32.
  *
  *   codec_pipe SPEC ROWS COLS TENSOR RANK STEPS < floats > messages
+ *
+ * `codec_pipe --abi` prints the size and every field's offset of the
+ * public structs, one "struct field offset" line each ("struct - size"),
+ * for the ctypes declarations to be checked against.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,10 +24,54 @@ static int fail(const char *what, terse_status st)
     return 1;
 }
 
+#define SZ(T) printf("%s - %zu\n", #T, sizeof(T))
+#define OFF(T, f) printf("%s %s %zu\n", #T, #f, offsetof(T, f))
+
+static int abi(void)
+{
+    SZ(terse_comm_config);
+    OFF(terse_comm_config, size); OFF(terse_comm_config, rank); OFF(terse_comm_config, nranks);
+    OFF(terse_comm_config, addr); OFF(terse_comm_config, provider);
+    OFF(terse_comm_config, token); OFF(terse_comm_config, timeout_ms);
+    OFF(terse_comm_config, init_timeout_ms);
+    SZ(terse_comm_stats);
+    OFF(terse_comm_stats, size); OFF(terse_comm_stats, ops);
+    OFF(terse_comm_stats, payload_bytes_sent); OFF(terse_comm_stats, payload_bytes_recv);
+    OFF(terse_comm_stats, wire_bytes_sent); OFF(terse_comm_stats, wire_bytes_recv);
+    OFF(terse_comm_stats, codec_seconds); OFF(terse_comm_stats, network_seconds);
+    OFF(terse_comm_stats, auth_failures);
+    SZ(terse_codec_traits);
+    OFF(terse_codec_traits, size); OFF(terse_codec_traits, id); OFF(terse_codec_traits, name);
+    OFF(terse_codec_traits, summable); OFF(terse_codec_traits, error_feedback);
+    OFF(terse_codec_traits, randomized); OFF(terse_codec_traits, bits_per_element);
+    SZ(terse_wire_info);
+    OFF(terse_wire_info, codec_id); OFF(terse_wire_info, count);
+    OFF(terse_wire_info, payload_len);
+    SZ(terse_ps_config);
+    OFF(terse_ps_config, size); OFF(terse_ps_config, num_servers);
+    OFF(terse_ps_config, chunk_bytes); OFF(terse_ps_config, vnodes); OFF(terse_ps_config, mode);
+    OFF(terse_ps_config, quorum); OFF(terse_ps_config, staleness);
+    OFF(terse_ps_config, max_staleness); OFF(terse_ps_config, lr_scale);
+    OFF(terse_ps_config, update); OFF(terse_ps_config, lr); OFF(terse_ps_config, momentum);
+    OFF(terse_ps_config, aggregator);
+    SZ(terse_ps_stats);
+    OFF(terse_ps_stats, size); OFF(terse_ps_stats, pushes); OFF(terse_ps_stats, pulls);
+    OFF(terse_ps_stats, stale_refused); OFF(terse_ps_stats, pushes_applied);
+    OFF(terse_ps_stats, steps_closed); OFF(terse_ps_stats, late_dropped);
+    OFF(terse_ps_stats, refused_stale); OFF(terse_ps_stats, refused_key);
+    OFF(terse_ps_stats, refused_step); OFF(terse_ps_stats, refused_role);
+    OFF(terse_ps_stats, refused_corrupt); OFF(terse_ps_stats, staleness_max);
+    OFF(terse_ps_stats, staleness_mean); OFF(terse_ps_stats, workers_lost);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--abi") == 0)
+        return abi();
     if (argc != 7 || strcmp(argv[1], "--help") == 0) {
-        fprintf(stderr, "usage: codec_pipe SPEC ROWS COLS TENSOR RANK STEPS < floats > messages\n");
+        fprintf(stderr, "usage: codec_pipe SPEC ROWS COLS TENSOR RANK STEPS < floats > messages\n"
+                        "       codec_pipe --abi\n");
         return argc == 2 ? 0 : 2;
     }
     size_t rows = strtoull(argv[2], NULL, 10), cols = strtoull(argv[3], NULL, 10);

@@ -52,13 +52,14 @@ _check_version()
 
 # Status constants, from the library itself: OK, ERR_INVALID, ... .
 STATUS_NAMES = {}
-for _s in range(64):
-    _n = _lib.terse_status_name(_s).decode()
-    if not _n.startswith("TERSE_"):
+_unknown = _lib.terse_strerror(-1)
+for _s in range(256):
+    if _lib.terse_strerror(_s) == _unknown:
         break
+    _n = _lib.terse_status_name(_s).decode()
     STATUS_NAMES[_s] = _n
     globals()[_n[len("TERSE_"):]] = _s
-del _s, _n
+del _s, _n, _unknown
 
 
 def version():
@@ -88,6 +89,10 @@ class Error(Exception):
         if where:
             msg = "%s: %s" % (where, msg)
         super().__init__(msg)
+
+
+def _last_error(st):
+    return _lib.terse_last_error().decode(errors="replace") if st != 0 else ""
 
 
 def _raise(st, where):
@@ -224,10 +229,31 @@ class Codec:
         self._busy = None  # the request that owns the codec, if any
 
     # life cycle
+    def _owner_running(self):
+        """True while a request that owns this codec has not completed."""
+        b = self._busy
+        if b is None or b._finished():
+            self._busy = None
+            return False
+        b._poll()
+        if b._finished():
+            self._busy = None
+            return False
+        return True
+
     def close(self):
+        """Free the codec; one owned by a request in flight is waited for
+        first (ValueError inside an unended group, where it cannot be)."""
         if self._h:
-            if self._busy is not None:
-                self._busy.wait(raise_error=False)
+            if self._owner_running():
+                try:
+                    self._busy.wait()
+                except Error:
+                    pass
+                if not self._busy._finished():
+                    raise ValueError("this terse.Codec belongs to a request in a group that "
+                                     "has not ended; end the group first")
+            self._busy = None
             _lib.terse_codec_free(self._h)
             self._h = None
 
@@ -246,9 +272,8 @@ class Codec:
     def _handle(self):
         if not self._h:
             raise ValueError("this terse.Codec is closed")
-        if self._busy is not None and not self._busy._finished():
+        if self._owner_running():
             raise ValueError("this terse.Codec belongs to a request still in flight")
-        self._busy = None
         return self._h
 
     # facts
@@ -374,27 +399,44 @@ class Request:
     def _finished(self):
         return self._status is not None
 
-    def _complete(self, st):
-        # Called with the lock held, right after the library call that
-        # reported completion, so terse_last_error is this request's.
+    def _complete(self, st, detail):
+        # With the lock held, once the library said the request is done.
         self._status = st
-        if st != 0:
-            self._detail = _lib.terse_last_error().decode(errors="replace")
+        self._detail = detail
         _lib.terse_request_free(self._h)
         self._h = None
-        self._keep = None
+        keep, self._keep = self._keep, None
         self._comm._requests.discard(self)
+        return keep  # dropped by the caller once the lock is released
+
+    def _poll(self):
+        """Test without raising (and without blocking on another waiter)."""
+        if self._status is not None or not self._lock.acquire(blocking=False):
+            return
+        keep = None
+        try:
+            if self._status is None:
+                done = ctypes.c_int(0)
+                st = _lib.terse_request_test(self._h, ctypes.byref(done))
+                if done.value:
+                    keep = self._complete(st, _last_error(st))
+        finally:
+            self._lock.release()
+        del keep
 
     def test(self):
-        """True once complete (raises terse.Error if it failed)."""
+        """True once complete (raises terse.Error if it failed, or if it
+        cannot be tested now, e.g. inside its unended group)."""
+        keep = None
         with self._lock:
             if self._status is None:
                 done = ctypes.c_int(0)
                 st = _lib.terse_request_test(self._h, ctypes.byref(done))
                 if done.value:
-                    self._complete(st)
-                elif st != 0:  # pragma: no cover - test reports failures with done=1
-                    self._complete(st)
+                    keep = self._complete(st, _last_error(st))
+                elif st != 0:
+                    raise Error(st, _last_error(st), self._what + " (test)")
+        del keep
         if self._status is None:
             return False
         self._check()
@@ -402,11 +444,21 @@ class Request:
 
     def wait(self, raise_error=True):
         """Block until complete (the GIL is released meanwhile); return the
-        result (for allgather: (bytes, counts)), or raise terse.Error."""
+        result (for allgather: a list of bytes per rank), or raise
+        terse.Error. Inside its unended group a request cannot be waited
+        for: that raises ERR_INVALID and leaves the request in flight."""
+        keep = None
         with self._lock:
             if self._status is None:
                 st = _lib.terse_request_wait(self._h)
-                self._complete(st)
+                detail = _last_error(st)
+                done = ctypes.c_int(0)
+                _lib.terse_request_test(self._h, ctypes.byref(done))
+                if done.value:
+                    keep = self._complete(st, detail)
+                else:
+                    raise Error(st, detail, self._what + " (wait)")
+        del keep
         if raise_error:
             self._check()
         return self.result
@@ -457,6 +509,9 @@ class Comm:
             _raise(st, "terse.Comm")
         self._h = h
         self._requests = set()
+        # Start calls come from one thread at a time (terse.h): this lock
+        # makes it so when several Python threads share a Comm.
+        self._start_lock = threading.RLock()
         self.rank = _lib.terse_comm_rank(h)
         self.size = _lib.terse_comm_size(h)
         self.provider = _lib.terse_comm_provider(h).decode()
@@ -467,20 +522,30 @@ class Comm:
         return self._h
 
     def close(self):
-        """terse_comm_free: requests still in flight are aborted."""
-        if self._h:
-            h, self._h = self._h, None
+        """terse_comm_free. Requests still in flight are aborted first and
+        waited for (also those another thread is waiting on), so that no
+        thread is inside the library with this communicator when it goes."""
+        h = self._h
+        if not h:
+            return
+        with self._start_lock:
+            pending = [r for r in list(self._requests) if not r._finished()]
+            if pending:
+                _lib.terse_comm_abort(h)
+            for r in pending:
+                try:
+                    r.wait(raise_error=False)
+                except Error:
+                    pass  # inside an unended group: terse_comm_free aborts it
+            self._h = None
             _lib.terse_comm_free(h)
-            for r in list(self._requests):
-                # The library completed them with ABORTED; their handles are
-                # still ours to free.
-                r.wait(raise_error=False)
 
     def abort(self):
         """terse_comm_abort: from any thread; everything in flight and every
         later call fails with ERR_ABORTED. Then only close() is left."""
-        if self._h:
-            _lib.terse_comm_abort(self._h)
+        h = self._h
+        if h:
+            _lib.terse_comm_abort(h)
 
     def __enter__(self):
         return self
@@ -513,12 +578,17 @@ class Comm:
 
     def _start(self, what, fn, args, keep, codec=None):
         r = _capi.handle()
-        _call(what, fn, self._handle(), *args, ctypes.byref(r))
-        req = Request(self, r, keep, what)
-        self._requests.add(req)
+        with self._start_lock:
+            _call(what, fn, self._handle(), *args, ctypes.byref(r))
+            req = Request(self, r, keep, what)
+            self._requests.add(req)
         if codec is not None:
             codec._busy = req
         return req
+
+    def _blocking(self, what, fn, *args):
+        with self._start_lock:
+            _call(what, fn, self._handle(), *args)
 
     # -- collectives
     def allreduce(self, buf, codec=None, op="sum"):
@@ -526,7 +596,7 @@ class Comm:
         codec's compressed exchange). op: "sum" or "avg". Returns buf."""
         addr, n, keep = _float_buffer(buf, "buf", True)
         ch = self._codec(codec, n)
-        _call("terse.Comm.allreduce", _lib.terse_allreduce, self._handle(), addr, n, ch, _op(op))
+        self._blocking("terse.Comm.allreduce", _lib.terse_allreduce, addr, n, ch, _op(op))
         del keep
         return buf
 
@@ -541,7 +611,7 @@ class Comm:
     def broadcast(self, buf, root=0):
         """Copy root's buf (any contiguous buffer) into every rank's buf."""
         addr, n, keep = _byte_buffer(buf, "buf", True)
-        _call("terse.Comm.broadcast", _lib.terse_broadcast, self._handle(), addr, n, int(root))
+        self._blocking("terse.Comm.broadcast", _lib.terse_broadcast, addr, n, int(root))
         del keep
         return buf
 
@@ -560,42 +630,41 @@ class Comm:
         out = ctypes.create_string_buffer(8 * self.size)
         counts = (ctypes.c_size_t * self.size)()
         sa = ctypes.create_string_buffer(mine, 8)
-        _call("terse.Comm.allgather", _lib.terse_allgather, self._handle(), sa, 8, out,
-              8 * self.size, counts)
+        self._blocking("terse.Comm.allgather", _lib.terse_allgather, sa, 8, out,
+                       8 * self.size, counts)
         return sum(struct.unpack("<%dQ" % self.size, out.raw))
 
     def allgather(self, send, recv_cap=None):
         """Gather every rank's bytes: returns (list of bytes per rank).
         recv_cap (total bytes) skips the size exchange when known."""
         sa = _byte_buffer(send, "send", False)
-        total = self._gather_sizes(sa) if recv_cap is None else int(recv_cap)
+        total = self._gather_sizes(sa) if recv_cap is None else _cap(recv_cap)
         out = ctypes.create_string_buffer(max(total, 1))
         counts = (ctypes.c_size_t * self.size)()
-        _call("terse.Comm.allgather", _lib.terse_allgather, self._handle(), sa[0], sa[1],
-              out, total, counts)
+        self._blocking("terse.Comm.allgather", _lib.terse_allgather, sa[0], sa[1],
+                       out, total, counts)
         return _split(out.raw, counts)
 
     def allgather_start(self, send, recv_cap):
         """Non-blocking allgather; recv_cap is the total byte count (every
         rank's contribution). wait() returns a list of bytes per rank."""
         sa = _byte_buffer(send, "send", False)
-        out = ctypes.create_string_buffer(max(int(recv_cap), 1))
+        cap = _cap(recv_cap)
+        out = ctypes.create_string_buffer(max(cap, 1))
         counts = (ctypes.c_size_t * self.size)()
         req = self._start("terse.Comm.allgather_start", _lib.terse_allgather_start,
-                          (sa[0], sa[1], out, int(recv_cap), counts), (sa, out, counts))
-        req._gather = (out, counts)
+                          (sa[0], sa[1], out, cap, counts), (sa, out, counts))
         orig = req._complete
 
-        def complete(st, req=req, orig=orig):
-            o, c = req._gather
+        def complete(st, detail, req=req, orig=orig, out=out, counts=counts):
             if st == 0:
-                req.result = _split(o.raw, c)
-            orig(st)
+                req.result = _split(out.raw, counts)
+            return orig(st, detail)
         req._complete = complete
         return req
 
     def barrier(self):
-        _call("terse.Comm.barrier", _lib.terse_barrier, self._handle())
+        self._blocking("terse.Comm.barrier", _lib.terse_barrier)
 
     def barrier_start(self):
         return self._start("terse.Comm.barrier_start", _lib.terse_barrier_start, (), None)
@@ -617,6 +686,14 @@ class Comm:
         _lib.terse_comm_reset_stats(self._handle())
 
 
+def _cap(v):
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError("recv_cap must be an int, not %s" % _describe(v))
+    if v < 0:
+        raise ValueError("recv_cap must be >= 0, not %d" % v)
+    return v
+
+
 def _split(raw, counts):
     out, off = [], 0
     for c in counts:
@@ -630,8 +707,18 @@ class _Group:
         self._comm = comm
 
     def __enter__(self):
-        _call("terse.Comm.group", _lib.terse_group_start, self._comm._handle())
-        return self._comm
+        c = self._comm
+        c._start_lock.acquire()
+        try:
+            _call("terse.Comm.group", _lib.terse_group_start, c._handle())
+        except BaseException:
+            c._start_lock.release()
+            raise
+        return c
 
     def __exit__(self, *exc):
-        _call("terse.Comm.group", _lib.terse_group_end, self._comm._handle())
+        c = self._comm
+        try:
+            _call("terse.Comm.group", _lib.terse_group_end, c._handle())
+        finally:
+            c._start_lock.release()

@@ -42,17 +42,19 @@ that called backward()):
     waits inside the hook. Both give bitwise the same results.
 
 Failure: every Future the hook returns ends with set_result or
-set_exception, so backward() never hangs: a dead or stopped peer makes the
+set_exception, so backward() never hangs, and the hook never raises (which
+would leave DDP's reducer mid-iteration): a dead or stopped peer makes the
 requests fail within the communicator's timeout (TERSE_TIMEOUT_MS, or
 timeout_ms of comm_from_process_group) and backward() raises with terse's
-sentence naming the peer. After a failure the communicator is aborted (as
-in the C API, it can only be closed) and every later call of the hook
-raises the same error at once (Hook.error keeps it, status included:
-torch 1.13 re-raises it from backward() as a RuntimeError whose message
-holds terse's sentence). A spec that cannot hold for a parameter raises
-when the hook is registered (register(), or model=), where every codec is
-made; without the model, codecs are made on first use, and the error
-surfaces from backward().
+sentence naming the peer. torch 1.13 re-raises a Future's exception as a
+RuntimeError ("Unable to cast <terse's sentence> to Tensor"); Hook.error
+keeps the terse.Error itself, status included. After a failure the
+communicator is aborted (as in the C API, it can only be closed; the
+other ranks' calls then fail too) and every later iteration fails the same
+way at once. A spec that cannot hold for a parameter raises when the hook
+is registered (register(), or model=), where every codec is made; without
+the model, codecs are made on first use, keyed by the parameter's storage,
+and the error surfaces from backward().
 
 Checkpoints: state_dict() / load_state_dict() carry the iteration and every
 codec's state (error-feedback residual, PowerSGD's warm-start Q, random
@@ -98,15 +100,21 @@ def comm_from_process_group(group=None, provider=None, timeout_ms=None, host=Non
                            "torch.distributed.init_process_group first")
     rank = dist.get_rank(group)
     size = dist.get_world_size(group)
+    info = [None, None, None]
     if rank == 0:
         h = host or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-        info = ["%s:%d" % (h, _free_port(h)), secrets.token_hex(32)]
-    else:
-        info = [None, None]
+        try:
+            info = ["%s:%d" % (h, _free_port(h)), secrets.token_hex(32), None]
+        except OSError as e:
+            # Every rank must leave the broadcast, not only this one.
+            info = [None, None, "rank 0 found no free port on %r: %s" % (h, e)]
     src = 0 if group is None else dist.distributed_c10d._get_global_rank(group, 0)
     dist.broadcast_object_list(info, src=src, group=group)
-    addr, token = info
+    addr, token, err = info
     info[1] = None
+    if err:
+        raise RuntimeError("terse.torch.comm_from_process_group: " + err
+                           + " (pass host= an address of rank 0's machine)")
     return terse.Comm(rank=rank, size=size, addr=addr, provider=provider, token=token,
                       timeout_ms=timeout_ms)
 
@@ -156,6 +164,7 @@ class Hook:
         self.dense_below = int(dense_below)
         self.iteration = 0
         self._names = {}       # parameter data_ptr -> (name, index)
+        self._named = False    # names came from the model
         self._codecs = {}      # key -> terse.Codec
         self._plans = {}       # (bucket index, numel, params) -> plan
         self._pending = {}     # key -> state bytes from load_state_dict
@@ -171,6 +180,7 @@ class Hook:
         module = getattr(model, "module", model)
         named = list(module.named_parameters())
         self._names = {p.data_ptr(): (n, i) for i, (n, p) in enumerate(named)}
+        self._named = True
         self._plans.clear()
         # Make every codec now, on every rank alike, so that a spec that
         # cannot hold for a parameter (a bad option, top-k of more elements
@@ -196,9 +206,9 @@ class Hook:
                                   % (name, "x".join(map(str, p.shape)), s, d),
                                   "terse.torch.Hook") from None
             codec.set_stream(index, self.comm.rank)
-            st = self._pending.pop(name, None)
-            if st is not None:
-                codec.load_state(st)
+            pend = self._pending.pop(name, None)
+            if pend is not None:
+                self._load(name, codec, pend)
             self._codecs[name] = codec
         return codec
 
@@ -221,10 +231,15 @@ class Hook:
         if plan is not None:
             return plan
         plan, off = [], 0
-        for j, p in enumerate(params):
+        for p in params:
             n = p.numel()
-            name, index = self._names.get(p.data_ptr(), ("bucket%d.%d" % (bucket.index(), j),
-                                                         (1 << 32) + bucket.index() * 4096 + j))
+            ent = self._names.get(p.data_ptr())
+            if ent is None:
+                # Not named (no model given): keyed by the parameter's
+                # storage, which DDP's bucket rebuild does not move.
+                ent = ("param@%x" % p.data_ptr(), (1 << 32) + len(self._names))
+                self._names[p.data_ptr()] = ent
+            name, index = ent
             codec = self._codec_for(name, index, p)
             if codec is None and plan and plan[-1][2] is None and plan[-1][0] + plan[-1][1] == off:
                 plan[-1] = (plan[-1][0], plan[-1][1] + n, None)
@@ -247,11 +262,16 @@ class Hook:
         return self._failed
 
     def __call__(self, bucket):
+        # Failures are returned as failed Futures, never raised: an exception
+        # raised here would leave DDP's reducer mid-iteration, and the next
+        # forward() would fail with DDP's complaint instead of terse's.
+        fut = torch.futures.Future()
         f = self._failed
         if f is not None:
-            if isinstance(f, terse.Error):
-                raise terse.Error(f.status, f.detail, f.where)
-            raise RuntimeError("terse.torch.Hook failed earlier: %s" % f)
+            fut.set_exception(terse.Error(f.status, f.detail, f.where)
+                              if isinstance(f, terse.Error)
+                              else RuntimeError("terse.torch.Hook failed earlier: %s" % f))
+            return fut
         buf = bucket.buffer()
         it = self.iteration
         if bucket.is_last():
@@ -269,8 +289,8 @@ class Hook:
                         reqs.append(self.comm.allreduce_start(buf[off:off + n], codec, "avg"))
         except Exception as e:
             self._fail(e)
-            raise
-        fut = torch.futures.Future()
+            fut.set_exception(e)
+            return fut
         if self.overlap:
             self._submit((reqs, fut, buf))
         else:
@@ -326,15 +346,34 @@ class Hook:
                            for name, c in self._codecs.items()}}
 
     def load_state_dict(self, sd):
-        """Restore what state_dict() returned (codec states are validated by
-        terse and loaded when the codec is made, or now if it exists)."""
-        self.iteration = int(sd["iteration"])
+        """Restore what state_dict() returned. Each codec's state is checked
+        by terse and loaded now (or, without the model, when the codec is
+        made); a state saved under another spec or shape, or for a
+        parameter the model does not have, raises ValueError."""
+        known = {n for n, _ in self._names.values()} if self._named else set()
+        for name, ent in sd.get("codecs", {}).items():
+            if known and name not in known:
+                raise ValueError("terse.torch.Hook.load_state_dict: the checkpoint has codec "
+                                 "state for %r, which this model has no parameter of" % name)
+            c = self._codecs.get(name)
+            if c is None and known:
+                raise ValueError("terse.torch.Hook.load_state_dict: the checkpoint has codec "
+                                 "state for %r, which this hook's spec sends dense" % name)
         for name, ent in sd.get("codecs", {}).items():
             c = self._codecs.get(name)
             if c is not None:
-                c.load_state(ent["state"])
+                self._load(name, c, ent)
             else:
-                self._pending[name] = ent["state"]
+                self._pending[name] = ent
+        self.iteration = int(sd["iteration"])
+
+    @staticmethod
+    def _load(name, codec, ent):
+        if ent["spec"] != codec.spec or (ent["rows"], ent["cols"]) != (codec.rows, codec.cols):
+            raise ValueError("terse.torch.Hook.load_state_dict: %s was saved as %s %dx%d, but "
+                             "is now %s %dx%d" % (name, ent["spec"], ent["rows"], ent["cols"],
+                                                 codec.spec, codec.rows, codec.cols))
+        codec.load_state(ent["state"])
 
     def stats(self):
         """terse's communicator statistics plus the hook's iteration."""

@@ -73,10 +73,15 @@ def step(ddp, opt, x, y):
 if scenario == "match":
     # Plain DDP (gloo allreduce) against the hook in dense mode, from
     # iteration 0 (one bucket) through the rebuild at iteration 1.
+    # With spec "none" (the fp32 passthrough codec) and dense_below=0 every
+    # parameter of two or more dimensions is its own exchange at its own
+    # offset in the bucket; the biases travel as merged dense ranges.
     overlap = args[0] == "1"
+    spec, dense_below = args[1], int(args[2])
     plain = DDP(model(), bucket_cap_mb=0.01)
     hooked = DDP(model(), bucket_cap_mb=0.01)
-    h = tt.Hook(comm, "dense", start_iter=0, overlap=overlap).register(hooked)
+    h = tt.Hook(comm, spec, start_iter=0, overlap=overlap,
+                dense_below=dense_below).register(hooked)
     res["bitwise"], res["maxdiff"], res["buckets"] = [], [], []
     for it in range(4):
         x, y = batch(it)
@@ -89,6 +94,8 @@ if scenario == "match":
                                   for a, b in zip(plain.parameters(), hooked.parameters())))
         res["maxdiff"].append(max(diffs))
         res["buckets"].append(len({k[0] for k in h._plans}))
+    res["codecs"] = sorted(h._codecs)
+    res["exchanges"] = sorted(len(p) for p in h._plans.values())
     h.close()
     done()
 

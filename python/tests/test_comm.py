@@ -94,3 +94,62 @@ def test_bad_config_raises_named_status():
     with pytest.raises(terse.Error) as e:
         terse.Comm(rank=0, size=1, addr="127.0.0.1:1", provider="carrier-pigeon")
     assert e.value.status == terse.ERR_INVALID
+
+
+def test_requests_inside_a_group_stay_owned_until_it_ends():
+    with one_rank() as comm:
+        x = np.ones(100, np.float32)
+        c = terse.Codec("int8", 100)
+        comm.group().__enter__()
+        r = comm.allreduce_start(x, codec=c)
+        with pytest.raises(terse.Error) as e:
+            r.wait()
+        assert e.value.status == terse.ERR_INVALID and r.status is None
+        with pytest.raises(terse.Error):
+            r.test()
+        assert r.status is None and r._keep is not None
+        with pytest.raises(ValueError, match="in flight"):
+            c.encode(x)
+        with pytest.raises(ValueError, match="group"):
+            c.close()
+        comm.group().__exit__(None, None, None)  # ends the outer group
+        r.wait()
+        assert np.allclose(x, 1.0, atol=0.01)
+        c.close()
+
+
+def test_a_request_holding_the_last_reference_to_its_codec():
+    with one_rank() as comm:
+        x = np.ones(100, np.float32)
+        comm.allreduce_start(x, codec=terse.Codec("int8", 100)).wait()
+        comm.allreduce_start(np.ones(100, np.float32), codec=terse.Codec("int8", 100))
+    # close() waited for it; nothing hung
+
+
+def test_allgather_capacity_is_checked():
+    with one_rank() as comm:
+        with pytest.raises(ValueError, match=">= 0"):
+            comm.allgather(b"x", recv_cap=-1)
+        with pytest.raises(ValueError, match=">= 0"):
+            comm.allgather_start(b"x", recv_cap=-1)
+        with pytest.raises(terse.Error) as e:
+            comm.allgather(b"xyz", recv_cap=2)
+        assert e.value.status == terse.ERR_DST_TOO_SMALL
+        assert comm.allgather(b"xyz") == [b"xyz"]
+
+
+def test_a_codec_freed_by_a_started_request_that_completed_without_wait():
+    with one_rank() as comm:
+        c = terse.Codec("fp16", 10)
+        x = np.ones(10, np.float32)
+        comm.allreduce_start(x, codec=c)
+        import time
+        for _ in range(200):   # the request completes on the progress thread
+            try:
+                c.encode(x)
+                break
+            except ValueError:
+                time.sleep(0.01)
+        else:
+            pytest.fail("the codec stayed owned by a request that had completed")
+        c.close()

@@ -11,13 +11,20 @@ def run(ranks, scenario, *args, provider="tcp", timeout_ms=20000, expect_ok=True
     return rk, rk.results(expect_ok=expect_ok, timeout=180)
 
 
-@pytest.mark.parametrize("overlap", ["0", "1"])
-def test_dense_hook_gives_plain_ddp_gradients_through_the_bucket_rebuild(ranks, overlap):
-    _, res = run(ranks, "match", overlap)
+@pytest.mark.parametrize("overlap,spec,dense_below", [("0", "dense", 1024),
+                                                      ("1", "dense", 1024),
+                                                      ("1", "none:ef=0", 0)])
+def test_hook_gives_plain_ddp_gradients_through_the_bucket_rebuild(ranks, overlap, spec,
+                                                                   dense_below):
+    _, res = run(ranks, "match", overlap, spec, dense_below)
     for r in res:
         assert r["bitwise"] == [True] * 4, r["maxdiff"]
         # one bucket at iteration 0, rebuilt into two before iteration 1
         assert r["buckets"][0] == 1 and r["buckets"][-1] == 2
+        if spec.startswith("none"):
+            # every weight its own codec at its own offset; biases merged
+            assert r["codecs"] == ["0.weight", "4.weight", "6.weight"]
+            assert max(r["exchanges"]) >= 4
 
 
 @pytest.mark.parametrize("provider", ["tcp", "shm"])
