@@ -5,7 +5,11 @@
 #                      with and without error feedback, and print accuracy
 #                      against bytes (table, plus terse-sweep.png)
 #   ./terse.sh bench SUBCOMMAND [ARGS]
-#                      any terse-bench subcommand: codecs, allreduce, train
+#                      any terse-bench subcommand: codecs, allreduce, train, ps
+#   ./terse.sh bench torch [--net RATE] [ARGS]
+#                      terse's DDP comm hook against PyTorch's hooks
+#                      (bench/torch_ddp.py; --net 1gbit runs it in a shaped
+#                      network namespace, as root)
 #   ./terse.sh test    the whole test suite (gcc build + clang ASan/UBSan build
 #                      + the engine's threads under clang ThreadSanitizer)
 #   ./terse.sh build   just configure and build into ./build
@@ -17,10 +21,11 @@ cd "$(dirname "$0")"
 
 PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
           libopenblas-dev liblapacke-dev libcriterion-dev zlib1g-dev libfabric-dev
-          libfabric-bin libssl-dev iproute2 openmpi-bin libopenmpi-dev dataset-fashion-mnist gnuplot-nox binutils)
+          libfabric-bin libssl-dev iproute2 openmpi-bin libopenmpi-dev dataset-fashion-mnist gnuplot-nox binutils
+          python3-torch python3-numpy python3-pytest)
 
 usage() {
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 need_packages() {
@@ -57,6 +62,16 @@ case "$cmd" in
         build build
         if [ $# -eq 0 ]; then
             set -- train --sweep
+        fi
+        if [ "$1" = torch ]; then # bench/torch_ddp.py [--net RATE] ARGS
+            shift
+            if [ "${1:-}" = --net ]; then
+                rate=${2:?--net needs a rate, e.g. 1gbit}
+                shift 2
+                exec bench/slow-net.sh "$rate" /usr/bin/python3 bench/torch_ddp.py \
+                     --label "$rate shaped loopback" "$@"
+            fi
+            exec /usr/bin/python3 bench/torch_ddp.py "$@"
         fi
         exec ./build/bench/terse-bench "$@"
         ;;

@@ -22,4 +22,17 @@ PKG_CONFIG_PATH="$libdir/pkgconfig" \
   "$cc" -o "$build/example-pc/compress_vector" "$examples/compress_vector.c" \
   $(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --define-prefix --cflags --libs terse) -lm
 LD_LIBRARY_PATH="$libdir" "$build/example-pc/compress_vector" none 1000
+# The Python package, installed beside the library, loads that library.
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import numpy" 2>/dev/null; then
+  pkg=$(dirname "$(find "$stage" -path '*dist-packages/terse/__init__.py' | head -n1)")
+  test -n "$pkg"
+  got=$(cd / && env -u TERSE_LIBRARY PYTHONPATH="$(dirname "$pkg")" PYTHONDONTWRITEBYTECODE=1 \
+        /usr/bin/python3 -c 'import terse, numpy as np
+c = terse.Codec("int8", 100); assert len(c.decode(c.encode(np.ones(100, np.float32)))) == 100
+print(terse.library_path, terse.library_found_in)')
+  case "$got" in
+    "$libdir/libterse.so.0 beside the package") ;;
+    *) echo "installed Python package loaded the wrong library: $got"; exit 1 ;;
+  esac
+fi
 echo "install_and_build_example: ok"
