@@ -29,19 +29,29 @@ static int big_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
-Test(timeout, is_inactivity_a_512MB_allreduce_with_a_300ms_timeout_succeeds_tcp) {
+/* The timeout is 600 ms, not 300: on a loaded 2-core machine (ctest -j 2
+ * next to other multi-process tests) a 300 ms one once saw a whole 300 ms
+ * without a completion. The allreduce takes about 1.3 s here idle, longer
+ * under load; a machine fast enough to finish within the timeout is told
+ * that the test showed nothing there. */
+#define BIG_TIMEOUT_MS 600
+Test(timeout, is_inactivity_a_512MB_allreduce_with_a_600ms_timeout_succeeds_tcp) {
     big_input = malloc(BIG_FLOATS * sizeof(float));
     cr_assert_not_null(big_input);
     for (size_t i = 0; i < BIG_FLOATS; i++) big_input[i] = 1.0f;
-    tr_job job = {"tcp", 2, 300, 60, -1, NULL};
+    tr_job job = {"tcp", 2, BIG_TIMEOUT_MS, 60, -1, NULL};
     tr_out *o = tr_run(&job, big_body, NULL);
     free(big_input);
     for (int r = 0; r < 2; r++) {
         cr_expect_eq(o[r].u[0], TERSE_OK, "rank %d: %s", r, o[r].err);
         cr_expect_eq(o[r].u[1], 0, "rank %d: %llu wrong elements", r,
                      (unsigned long long)o[r].u[1]);
-        cr_log_info("rank %d: 512 MB allreduce took %.0f ms with a 300 ms timeout", r,
-                    o[r].val[0]);
+        if (o[r].val[0] <= BIG_TIMEOUT_MS)
+            cr_log_warn("rank %d: the allreduce took %.0f ms, not longer than the %d ms "
+                        "timeout: on this machine the test shows nothing", r, o[r].val[0],
+                        BIG_TIMEOUT_MS);
+        cr_log_info("rank %d: 512 MB allreduce took %.0f ms with a %d ms timeout", r,
+                    o[r].val[0], BIG_TIMEOUT_MS);
     }
     tr_release(o);
 }

@@ -83,6 +83,34 @@ Test(wire_auth, injected_small_messages_are_authenticated_too_tcp) {
     tr_release(o);
 }
 
+/* Honest ranks that pass different sizes: under mac the odd-sized chunk
+ * fails authentication (the tag covers the length), so the call fails
+ * with TERSE_ERR_AUTH -- and the sentence says the sizes may differ.
+ * arg: the root's size (the other rank passes 5). */
+static int sizes_body(terse_comm *c, tr_out *o, const void *arg) {
+    const int r = terse_comm_rank(c);
+    char buf[8] = "abcdefg";
+    o->u[0] = (uint64_t)terse_broadcast(c, buf, r == 0 ? *(const size_t *)arg : 5, 0);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    return 0;
+}
+
+static void check_sizes(size_t root_len, const char *want) {
+    unsetenv("TERSE_WIRE");
+    tr_job job = {"tcp", 2, 1000, 30, -1, NULL};
+    tr_out *o = tr_run(&job, sizes_body, &root_len);
+    cr_expect_eq(o[1].u[0], TERSE_ERR_AUTH, "rank 1 returned %llu: %s",
+                 (unsigned long long)o[1].u[0], o[1].err);
+    cr_expect(strstr(o[1].err, "the ranks passed different sizes") && strstr(o[1].err, want),
+              "rank 1's sentence does not say the sizes differ (%s): %s", want, o[1].err);
+    tr_release(o);
+}
+
+Test(wire_auth, ranks_that_disagree_on_a_size_are_told_so_tcp) {
+    check_sizes(6, "more than the 5 bytes expected");
+    check_sizes(4, "carried 4 bytes where 5 were expected");
+}
+
 static int mode_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     o->u[0] = (uint64_t)c->wire_mac;

@@ -126,6 +126,11 @@ struct terse__fabric {
     size_t nstage_free, nstage;
     void *stage_mem;
     uint64_t *auth_fail;
+    /* The last dropped chunk whose length was not the expected one (its
+     * payload bytes, and the expected), and from which peer (-1: none):
+     * honest ranks that disagree on a size look like this too. */
+    int forged_len_peer;
+    size_t forged_len_got, forged_len_want;
     uint32_t epoch;
     struct fid_mr *slots_mr;
     void *slots_desc;

@@ -103,6 +103,7 @@ terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const u
     f->tx_ctx = calloc(N, sizeof *f->tx_ctx);
     f->rx_ctx = calloc(N, sizeof *f->rx_ctx);
     f->auth_fail = calloc(N, sizeof *f->auth_fail);
+    f->forged_len_peer = -1;
     if (!f->tx_ctx || !f->rx_ctx || !f->auth_fail)
         return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for %zu wire keys", f->rank, N);
     uint8_t key[32];

@@ -439,15 +439,28 @@ static void slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send) {
  * only a forger would send): count it, log it (the first from each peer,
  * then at every power of two), and post its receive again -- the slot
  * keeps its op and chunk -- so the request waits on for the real one. */
-static terse_status drop_forged(terse__fabric *f, terse__fabric_slot *s, size_t got) {
+static terse_status drop_forged(terse__fabric *f, terse__fabric_slot *s, size_t got,
+                                int overran) {
     terse__fabric_req *r = s->op->req;
     uint64_t n = ++f->auth_fail[r->peer];
+    size_t want = chunk_len(s->op, s->chunk);
+    int wrong_len = overran || got != want + TERSE__WIRE_MAC;
+    if (wrong_len) {
+        f->forged_len_peer = r->peer;
+        /* SIZE_MAX: more than posted (the provider may not say how much) */
+        f->forged_len_got = overran ? SIZE_MAX
+                                    : got >= TERSE__WIRE_MAC ? got - TERSE__WIRE_MAC : 0;
+        f->forged_len_want = want;
+    }
     if ((n & (n - 1)) == 0)
         fprintf(stderr,
-                "terse: rank %d: dropped a %zu-byte chunk claiming to come from rank %d (tag "
-                "%#llx, chunk %zu): it failed authentication (%llu from rank %d so far)\n",
-                f->rank, got, r->peer, (unsigned long long)r->tag, s->chunk,
-                (unsigned long long)n, r->peer);
+                "terse: rank %d: dropped a chunk of %s%zu bytes claiming to come from rank %d "
+                "(tag %#llx, chunk %zu): it failed authentication (%llu from rank %d so "
+                "far)%s\n",
+                f->rank, overran ? "more than " : "", got, r->peer, (unsigned long long)r->tag,
+                s->chunk, (unsigned long long)n, r->peer,
+                wrong_len ? "; its length is not the expected one: do the ranks pass the "
+                            "same size?" : "");
     /* Still counted in op->inflight: the slot stays the op's until posted
      * again (or returned, if the request failed meanwhile). */
     s->next_free = f->repost;
@@ -464,7 +477,7 @@ static terse_status complete(terse__fabric *f, terse__fabric_slot *s, size_t got
         int ok = got == want + TERSE__WIRE_MAC &&
                  (f->encrypt ? terse__fabric_open_sealed(f, r, s->chunk, (uint8_t *)p, want, s->mac)
                              : terse__fabric_mac_ok(f, r, s->chunk, p, want, s->mac));
-        if (!ok) return drop_forged(f, s, got);
+        if (!ok) return drop_forged(f, s, got, 0);
         got = want;
     }
     slot_put(f, s, r->is_send);
@@ -508,7 +521,7 @@ static terse_status complete_error(terse__fabric *f) {
     terse__fabric_req *r = s->op->req;
     terse_status st;
     if (err == FI_ETRUNC && f->mac && !r->is_send)
-        return drop_forged(f, s, chunk_len(s->op, s->chunk) + TERSE__WIRE_MAC + e.olen);
+        return drop_forged(f, s, chunk_len(s->op, s->chunk) + TERSE__WIRE_MAC + e.olen, 1);
     if (err == FI_ETRUNC)
         st = TERSE_ERROR(TERSE_ERR_CORRUPT,
                          "rank %d: rank %d sent more than the %zu bytes posted for chunk %zu of "
@@ -658,17 +671,30 @@ static size_t bytes_done(const terse__fabric *f, const terse__fabric_req *r) {
 static terse_status timed_out(terse__fabric *f, const terse__fabric_req *r, uint64_t start,
                               uint64_t idle_ns) {
     uint64_t forged = f->auth_fail ? f->auth_fail[r->peer] : 0;
-    if (forged)
+    if (forged) {
+        /* The MAC covers the length, so a rank that passed another size
+         * than this one looks like a forger: say so when the lengths differ. */
+        char sizes[200] = "";
+        if (f->forged_len_peer == r->peer && f->forged_len_got == SIZE_MAX)
+            snprintf(sizes, sizeof sizes,
+                     "; or the ranks passed different sizes: the last chunk dropped carried "
+                     "more than the %zu bytes expected", f->forged_len_want);
+        else if (f->forged_len_peer == r->peer)
+            snprintf(sizes, sizeof sizes,
+                     "; or the ranks passed different sizes: the last chunk dropped carried "
+                     "%zu bytes where %zu were expected",
+                     f->forged_len_got, f->forged_len_want);
         return fail(f, TERSE_ERROR(TERSE_ERR_AUTH,
                                    "rank %d: %llu chunks claiming to come from rank %d failed "
                                    "authentication, and the real rank %d sent nothing that "
                                    "checks for %llu ms (tag %#llx, %zu of %zu bytes done, "
                                    "provider %s): another process may have taken rank %d's "
-                                   "place, or a relay is altering its messages",
+                                   "place, or a relay is altering its messages%s",
                                    f->rank, (unsigned long long)forged, r->peer, r->peer,
                                    (unsigned long long)((terse__now_ns() - start) / 1000000u),
                                    (unsigned long long)r->tag, bytes_done(f, r), r->len,
-                                   f->provider, r->peer));
+                                   f->provider, r->peer, sizes));
+    }
     char why[96] = "";
     if (idle_ns)
         snprintf(why, sizeof why, " with no progress for the last %llu ms",
