@@ -201,12 +201,28 @@ def _spec(spec, what="spec"):
 
 # ---------------------------------------------------------------- codecs
 
+class _Closing:
+    """A context manager whose exit, like its collection, calls close()."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 def codecs():
     """The names of the registered codecs."""
     return [_lib.terse_codec_name(i).decode() for i in range(_lib.terse_codec_count())]
 
 
-class Codec:
+class Codec(_Closing):
     """One tensor's codec: terse_codec_create(spec, rows, cols).
 
     Keep one per tensor: it owns the tensor's error-feedback residual,
@@ -257,17 +273,6 @@ class Codec:
             _lib.terse_codec_free(self._h)
             self._h = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _handle(self):
         if not self._h:
@@ -482,7 +487,7 @@ class Request:
 
 # ---------------------------------------------------------------- communicator
 
-class Comm:
+class Comm(_Closing):
     """A communicator (terse_comm_init). Every argument left None is taken
     from the environment as the C library does (TERSE_RANK/RANK,
     TERSE_SIZE/WORLD_SIZE, TERSE_ADDR or MASTER_ADDR:MASTER_PORT,
@@ -546,18 +551,6 @@ class Comm:
         h = self._h
         if h:
             _lib.terse_comm_abort(h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         if not self._h:
@@ -722,3 +715,138 @@ class _Group:
             _call("terse.Comm.group", _lib.terse_group_end, c._handle())
         finally:
             c._start_lock.release()
+
+
+# ---------------------------------------------------------------- parameter server
+
+class PS(_Closing):
+    """A parameter server over a Comm (terse_ps_*; include/terse.h and
+    docs/ps.md have the contract). Ranks [0, num_servers) serve; the others
+    are workers. Every rank makes it with the same arguments, then declares
+    the same keys in the same order.
+
+        ps = terse.PS(comm, num_servers=1, mode="sync", update="sgd", lr=0.1)
+        ps.declare(0, n, push="int8:ef=1", init=x0)     # keys 0, 1, 2, ...
+        if ps.is_server:
+            ps.serve()                                  # until every worker finished
+        else:
+            ps.pushpull(0, buf); ps.clock(); ...; ps.finish()
+        ps.close()
+
+    While a PS exists its communicator runs nothing else."""
+
+    def __init__(self, comm, num_servers=1, mode="sync", update="none", lr=0.0, momentum=0.0,
+                 chunk_bytes=0, vnodes=64, aggregator="mean"):
+        if not isinstance(comm, Comm):
+            raise TypeError("comm must be a terse.Comm, not %s" % _describe(comm))
+        if update not in ("none", "sgd"):
+            raise ValueError("update must be 'none' or 'sgd', not %r" % (update,))
+        cfg = _capi.PsConfig()
+        cfg.size = ctypes.sizeof(cfg)
+        cfg.num_servers, cfg.chunk_bytes, cfg.vnodes = int(num_servers), int(chunk_bytes), int(vnodes)
+        cfg.update = 1 if update == "sgd" else 0
+        cfg.lr, cfg.momentum = float(lr), float(momentum)
+        self._agg = _spec(aggregator, "aggregator")
+        cfg.aggregator = self._agg
+        _call("terse.PS(mode=%r)" % (mode,), _lib.terse_ps_config_parse, _spec(mode, "mode"),
+              ctypes.byref(cfg))
+        h = _capi.handle()
+        with comm._start_lock:
+            _call("terse.PS", _lib.terse_ps_create, comm._handle(), ctypes.byref(cfg),
+                  ctypes.byref(h))
+        self._h, self.comm, self.num_servers = h, comm, int(num_servers)
+        self._sizes = []
+        self.is_server = bool(_lib.terse_ps_is_server(h))
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("this terse.PS is closed")
+        return self._h
+
+    def declare(self, key, n, push=None, pull=None, init=None):
+        """Declare tensor `key` (0, 1, ... in order) of n floats; push/pull
+        are codec specs (None: dense); init: the server's initial value
+        under update "sgd" (n floats) or None for zeros."""
+        iaddr = None
+        keep = None
+        if init is not None:
+            iaddr, _, keep = _float_buffer(init, "init", False, int(n))
+        _call("terse.PS.declare", _lib.terse_ps_declare, self._handle(), int(key), int(n),
+              None if push is None else _spec(push, "push"),
+              None if pull is None else _spec(pull, "pull"), iaddr)
+        del keep
+        self._sizes.append(int(n))
+
+    def _req(self, what, fn, key, buf, writable, block):
+        addr, _, keep = _float_buffer(buf, "buf", writable, self._size(key))
+        if block:
+            with self.comm._start_lock:
+                _call("terse.PS." + what, fn, self._handle(), int(key), addr, None)
+            return buf
+        return self.comm._start("terse.PS." + what + "_start", _PsStart(fn, self._handle()),
+                                (int(key), addr), (keep, self))
+
+    def _size(self, key):
+        if not 0 <= int(key) < len(self._sizes):
+            raise ValueError("key %r is not declared (declared: 0..%d)" % (key, len(self._sizes) - 1))
+        return self._sizes[int(key)]
+
+    def push(self, key, grad, block=True):
+        """Push grad; with block=False returns a Request."""
+        return self._req("push", _lib.terse_ps_push, key, grad, False, block)
+
+    def pull(self, key, out, block=True):
+        return self._req("pull", _lib.terse_ps_pull, key, out, True, block)
+
+    def pushpull(self, key, buf, block=True):
+        """Push buf and pull the result into it, in one round trip."""
+        return self._req("pushpull", _lib.terse_ps_pushpull, key, buf, True, block)
+
+    def clock(self):
+        _call("terse.PS.clock", _lib.terse_ps_clock, self._handle())
+
+    @property
+    def worker_clock(self):
+        return _lib.terse_ps_worker_clock(self._handle())
+
+    def finish(self):
+        with self.comm._start_lock:
+            _call("terse.PS.finish", _lib.terse_ps_finish, self._handle())
+
+    def serve(self):
+        """Serve until every worker finished (or was lost): blocking."""
+        with self.comm._start_lock:
+            _call("terse.PS.serve", _lib.terse_ps_serve, self._handle())
+
+    def placement(self):
+        """Bytes of the declared tensors on each server."""
+        arr = (ctypes.c_uint64 * self.num_servers)()
+        _call("terse.PS.placement", _lib.terse_ps_placement, self._handle(), arr)
+        return list(arr)
+
+    def chunk_server(self, key, chunk):
+        return _lib.terse_ps_chunk_server(self._handle(), int(key), int(chunk))
+
+    def stats(self):
+        s = _capi.PsStats()
+        s.size = ctypes.sizeof(s)
+        _call("terse.PS.stats", _lib.terse_ps_get_stats, self._handle(), ctypes.byref(s))
+        return {f: getattr(s, f) for f, _ in _capi.PsStats._fields_ if f != "size"}
+
+    def close(self):
+        """terse_ps_free (a worker that has not finished finishes first)."""
+        if self._h:
+            h, self._h = self._h, None
+            with self.comm._start_lock:
+                _lib.terse_ps_free(h)
+
+
+class _PsStart:
+    """Adapts terse_ps_X(ps, key, buf, &req) to Comm._start's calling shape,
+    which passes the communicator first."""
+
+    def __init__(self, fn, ps):
+        self._fn, self._ps = fn, ps
+
+    def __call__(self, comm_handle, key, addr, req):
+        return self._fn(self._ps, key, addr, req)

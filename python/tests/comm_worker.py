@@ -132,5 +132,45 @@ elif scenario == "killed":
     res["seconds"] = time.monotonic() - t0
     comm.close()
     done()
+elif scenario == "ps":
+    # rank 0 serves; ranks 1 and 2 push rank-valued gradients under sync SGD
+    with terse.PS(comm, num_servers=1, mode="sync", update="sgd", lr=0.1) as ps:
+        N = 5000
+        ps.declare(0, N, init=np.ones(N, np.float32))
+        ps.declare(1, 300, push="int8:ef=1")
+        res["is_server"] = ps.is_server
+        res["placement"] = ps.placement()
+        if ps.is_server:
+            ps.serve()
+            st = ps.stats()
+            res["applied"], res["closed"] = st["pushes_applied"], st["steps_closed"]
+        else:
+            # sync: every key is pushed (and pulled) at every step
+            x = np.full(N, float(r), np.float32)
+            y = np.ones(300, np.float32)
+            ps.pushpull(0, x)                       # x = 1 - 0.1 * mean(1, 2)
+            ps.push(1, y)
+            ps.pull(1, y)
+            res["step1"] = float(x[0])
+            ps.clock()
+            g = np.full(N, float(r), np.float32)
+            y2 = np.ones(300, np.float32)
+            reqs = [ps.pushpull(0, g, block=False), ps.pushpull(1, y2, block=False)]
+            for q in reversed(reqs):                # requests, waited in any order
+                q.wait()
+            res["step2"] = float(g[0])
+            res["digest"] = digest(g)
+            res["key1"] = float(y2[0])
+            ps.clock()
+            try:
+                ps.push(7, g)
+                res["badkey"] = "no error"
+            except ValueError as e:
+                res["badkey"] = str(e)
+            res["clock"] = ps.worker_clock
+            res["pushes"] = ps.stats()["pushes"]
+            ps.finish()
+    comm.close()
+    done()
 else:
     sys.exit("unknown scenario " + scenario)

@@ -153,3 +153,19 @@ def test_a_codec_freed_by_a_started_request_that_completed_without_wait():
         else:
             pytest.fail("the codec stayed owned by a request that had completed")
         c.close()
+
+
+@pytest.mark.parametrize("provider", ["tcp", "shm"])
+def test_parameter_server_from_python(ranks, provider):
+    res = ranks("comm_worker.py", 3, ["ps", provider]).results()
+    srv, w1, w2 = res
+    assert srv["is_server"] and not w1["is_server"] and not w2["is_server"]
+    assert srv["placement"] == [(5000 + 300) * 4]
+    for w in (w1, w2):
+        assert abs(w["step1"] - (1 - 0.1 * 1.5)) < 1e-6
+        assert abs(w["step2"] - (1 - 0.2 * 1.5)) < 1e-6
+        assert abs(w["key1"] - (0 - 0.2 * 1.0)) < 0.01 and w["clock"] == 2
+        assert w["pushes"] == 4
+        assert "key 7 is not declared" in w["badkey"]
+    assert w1["digest"] == w2["digest"]     # sync: bitwise identical on every worker
+    assert srv["applied"] == 8 and srv["closed"] == 4
