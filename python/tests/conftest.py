@@ -60,6 +60,25 @@ class Ranks:
                 [PYTHON, os.path.join(HERE, script), out] + [str(a) for a in args],
                 env=e, stdout=log, stderr=subprocess.STDOUT))
 
+    def remove_shm(self):
+        # libfabric shm names its regions /dev/shm/<pid>:<n>:<m>; a process
+        # that was killed (or left by os._exit) cannot remove them, and a
+        # later process that reuses the pid then fails in fi_enable (EBUSY).
+        for p in self.procs:
+            if p.poll() is None:
+                continue
+            prefix = "%d:" % p.pid
+            try:
+                names = os.listdir("/dev/shm")
+            except OSError:
+                return
+            for n in names:
+                if n.startswith(prefix):
+                    try:
+                        os.unlink(os.path.join("/dev/shm", n))
+                    except OSError:
+                        pass
+
     def wait(self, timeout=120):
         deadline = time.monotonic() + timeout
         rcs = []
@@ -71,8 +90,10 @@ class Ranks:
                     q.kill()
                 for q in self.procs:
                     q.wait()
+                self.remove_shm()
                 pytest.fail("rank processes still running after %d s:\n%s" % (timeout, self.logs()))
         self.rcs = rcs
+        self.remove_shm()
         return rcs
 
     def logs(self):
@@ -111,3 +132,4 @@ def ranks(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        r.remove_shm()
