@@ -71,24 +71,28 @@ int main(int argc, char **argv) {
     return BENCH_EXIT_USAGE;
 }
 
-int bench_parse_count(const char *text, size_t *n) {
+/* A positive decimal with a binary suffix (K, M, and with `bytes` also G
+ * and a trailing B), into a size_t; -1 on anything else. */
+static int parse_scaled(const char *text, int bytes, size_t *out) {
     if (!text || text[0] < '0' || text[0] > '9') return -1;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
     if (errno) return -1;
     unsigned long long unit = 1;
-    if (*end == 'K' || *end == 'k') {
-        unit = 1024;
-        end++;
-    } else if (*end == 'M' || *end == 'm') {
-        unit = 1024 * 1024;
-        end++;
+    switch (*end) {
+    case 'K': case 'k': unit = 1ull << 10; end++; break;
+    case 'M': case 'm': unit = 1ull << 20; end++; break;
+    case 'G': case 'g': if (bytes) { unit = 1ull << 30; end++; } break;
+    default: break;
     }
+    if (bytes && (*end == 'B' || *end == 'b')) end++; /* "4MB" reads as "4M" */
     if (*end != '\0' || v == 0 || v > (unsigned long long)SIZE_MAX / unit) return -1;
-    *n = (size_t)(v * unit);
+    *out = (size_t)(v * unit);
     return 0;
 }
+
+int bench_parse_count(const char *text, size_t *n) { return parse_scaled(text, 0, n); }
 
 const char *bench_count_label(size_t n, char *buf, size_t cap) {
     if (n % (1024 * 1024) == 0)
@@ -100,24 +104,7 @@ const char *bench_count_label(size_t n, char *buf, size_t cap) {
     return buf;
 }
 
-int bench_parse_bytes(const char *text, size_t *out) {
-    if (!text || text[0] < '0' || text[0] > '9') return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno) return -1;
-    unsigned long long unit = 1;
-    switch (*end) {
-    case 'K': case 'k': unit = 1ull << 10; end++; break;
-    case 'M': case 'm': unit = 1ull << 20; end++; break;
-    case 'G': case 'g': unit = 1ull << 30; end++; break;
-    default: break;
-    }
-    if (*end == 'B' || *end == 'b') end++; /* "4MB" reads as "4M" */
-    if (*end != '\0' || v == 0 || v > (unsigned long long)SIZE_MAX / unit) return -1;
-    *out = (size_t)(v * unit);
-    return 0;
-}
+int bench_parse_bytes(const char *text, size_t *out) { return parse_scaled(text, 1, out); }
 
 int bench_parse_int(const char *text, long lo, long hi, int *out) {
     char *end;

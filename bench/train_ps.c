@@ -212,14 +212,7 @@ static int evaluate_snapshots(worker *w, run_state *r, const snapshots *ss, cons
         }
         int final = k + 1 == ss->n;
         train_record rec;
-        memset(&rec, 0, sizeof rec);
-        rec.run = r->index;
-        rec.group = r->cfg->group;
-        rec.seed = r->cfg->seed;
-        rec.final = final;
-        rec.epoch = sn->epoch;
-        rec.step = sn->step;
-        rec.steps_total = r->steps_total;
+        train_record_begin(&rec, r, final, sn->epoch, sn->step);
         rec.test_acc = 100.0 * (double)correct / (double)w->test.n;
         rec.test_loss = loss / (double)w->test.n;
         rec.train_loss = sn->loss_count > 0 ? sn->loss_sum / sn->loss_count : NAN;
@@ -230,9 +223,7 @@ static int evaluate_snapshots(worker *w, run_state *r, const snapshots *ss, cons
         rec.codec_s = max[T_CODEC];
         rec.network_s = max[T_NET];
         rec.wall_s = sn->wall_s;
-        snprintf(rec.codec, sizeof rec.codec, "%s", r->cfg->codec);
         snprintf(rec.label, sizeof rec.label, "ps:%.24s %.32s", w->o->ps_mode, r->cfg->label);
-        rec.ef = r->cfg->ef;
         if (!w->o->quiet)
             fprintf(stderr, WHO ": [%d/%zu] %s: epoch %d, step %ld/%ld: test %.2f%%, %.1f s\n",
                     r->index + 1, w->o->n_runs, rec.label, rec.epoch, rec.step, rec.steps_total,

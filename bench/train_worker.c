@@ -400,6 +400,19 @@ int train_keep_record(worker *w, const train_record *rec) {
 enum { G_CORRECT, G_LOSS, G_TRAIN_LOSS, G_TRAIN_COUNT, G_BYTES, G_COMPUTE, G_CODEC, G_NET,
        G_WALL, G_FIELDS };
 
+void train_record_begin(train_record *rec, const run_state *r, int final, int epoch, long step) {
+    memset(rec, 0, sizeof *rec);
+    rec->run = r->index;
+    rec->group = r->cfg->group;
+    rec->seed = r->cfg->seed;
+    rec->final = final;
+    rec->epoch = epoch;
+    rec->step = step;
+    rec->steps_total = r->steps_total;
+    snprintf(rec->codec, sizeof rec->codec, "%s", r->cfg->codec);
+    rec->ef = r->cfg->ef;
+}
+
 static int evaluate(worker *w, run_state *r, int epoch, int final) {
     double mine[G_FIELDS] = {0};
     size_t correct = 0;
@@ -434,14 +447,7 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
                 if (v > max[f]) max[f] = v;
             }
         train_record rec;
-        memset(&rec, 0, sizeof rec);
-        rec.run = r->index;
-        rec.group = r->cfg->group;
-        rec.seed = r->cfg->seed;
-        rec.final = final;
-        rec.epoch = epoch;
-        rec.step = r->step;
-        rec.steps_total = r->steps_total;
+        train_record_begin(&rec, r, final, epoch, r->step);
         rec.test_acc = 100.0 * sum[G_CORRECT] / (double)w->test.n;
         rec.test_loss = sum[G_LOSS] / (double)w->test.n;
         rec.train_loss = sum[G_TRAIN_COUNT] > 0 ? sum[G_TRAIN_LOSS] / sum[G_TRAIN_COUNT] : NAN;
@@ -453,9 +459,7 @@ static int evaluate(worker *w, run_state *r, int epoch, int final) {
         rec.codec_s = max[G_CODEC];
         rec.network_s = max[G_NET];
         rec.wall_s = max[G_WALL];
-        snprintf(rec.codec, sizeof rec.codec, "%s", r->cfg->codec);
         snprintf(rec.label, sizeof rec.label, "%s", r->cfg->label);
-        rec.ef = r->cfg->ef;
         if (!w->o->quiet)
             fprintf(stderr, WHO ": [%d/%zu] %s%s: epoch %d, step %ld/%ld: test %.2f%%, "
                             "loss %.4f, %.0f bytes sent, %.1f s\n",

@@ -66,6 +66,9 @@ void train_fill_batch(worker *w, const dataset *d, const size_t *idx, size_t fir
 const char *train_spec_for(const worker *w, const run_state *r, const model_tensor *t);
 void train_deal_shard(worker *w, uint64_t seed);
 int train_keep_record(worker *w, const train_record *rec);
+/* Zero *rec and fill what names it: run, group, seed, codec, ef, final,
+ * epoch, step and steps_total (the caller fills the measurements). */
+void train_record_begin(train_record *rec, const run_state *r, int final, int epoch, long step);
 void train_straggle(const worker *w, double t0);
 /* The parameter-server role (train_ps.c): every rank of a --mode ps job. */
 int train_ps_main(worker *w);
