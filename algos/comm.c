@@ -525,6 +525,12 @@ terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) 
         c->stats.auth_failures = forged;
         pthread_mutex_unlock(&c->stats_lock);
     }
+    uint64_t strangers = terse__fabric_stranger_drops(c->fabric);
+    if (strangers != c->stats.stranger_drops) {
+        pthread_mutex_lock(&c->stats_lock);
+        c->stats.stranger_drops = strangers;
+        pthread_mutex_unlock(&c->stats_lock);
+    }
     if (forged && s != TERSE_OK && s != TERSE_ERR_AUTH && s != TERSE_ERR_ABORTED)
         s = forged_cause(c, s);
     add_seconds(c, &c->stats.network_seconds, t0);

@@ -696,9 +696,12 @@ typedef struct terse_comm_stats {
     double network_seconds;      /* waiting for sends and receives */
     uint64_t auth_failures;      /* chunks dropped: they failed authentication
                                     (TERSE_WIRE=mac) */
+    uint64_t stranger_drops;     /* messages dropped that came from an address
+                                    that is no rank of this job (tcp;ofi_rxm
+                                    would otherwise queue them forever) */
 } terse_comm_stats;
 
-#define TERSE_COMM_STATS_INIT {sizeof(terse_comm_stats), 0, 0, 0, 0, 0, 0.0, 0.0, 0}
+#define TERSE_COMM_STATS_INIT {sizeof(terse_comm_stats), 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0}
 
 TERSE_API terse_status terse_comm_get_stats(const terse_comm *comm, terse_comm_stats *stats);
 TERSE_API void terse_comm_reset_stats(terse_comm *comm);

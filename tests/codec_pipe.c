@@ -39,7 +39,7 @@ static int abi(void)
     OFF(terse_comm_stats, payload_bytes_sent); OFF(terse_comm_stats, payload_bytes_recv);
     OFF(terse_comm_stats, wire_bytes_sent); OFF(terse_comm_stats, wire_bytes_recv);
     OFF(terse_comm_stats, codec_seconds); OFF(terse_comm_stats, network_seconds);
-    OFF(terse_comm_stats, auth_failures);
+    OFF(terse_comm_stats, auth_failures); OFF(terse_comm_stats, stranger_drops);
     SZ(terse_codec_traits);
     OFF(terse_codec_traits, size); OFF(terse_codec_traits, id); OFF(terse_codec_traits, name);
     OFF(terse_codec_traits, summable); OFF(terse_codec_traits, error_feedback);

@@ -97,6 +97,10 @@ typedef struct tr_job {
     const char *known_hang;
 } tr_job;
 
+/* Non-NULL: called in each rank's process before terse_comm_init (set by
+ * the test; a static per test file). */
+static void (*tr_before_init)(int rank, const void *arg);
+
 /* Run body on every rank of job; returns the shared outputs (munmap with
  * tr_release). Asserts that every rank (but the victim) exited 0. */
 static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
@@ -113,6 +117,7 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
         pid_t pid = fork();
         cr_assert_geq(pid, 0);
         if (pid == 0) {
+            if (tr_before_init) tr_before_init(r, arg);
             terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
             cfg.rank = r;
             cfg.nranks = job->nranks;
@@ -181,5 +186,32 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
 }
 
 static inline void tr_release(tr_out *outs) { munmap(outs, sizeof(tr_out) * TR_MAX_RANKS); }
+
+/* One allreduce of a 2-rank job with a pattern only the right sum matches.
+ * Rank 0's request to stop (stop != 0) travels inside the data, so both
+ * ranks make the same calls. Counts the call in o->u[2] and a wrong sum
+ * returned with TERSE_OK in o->u[1]; a failure goes to o->u[0] and o->err.
+ * Returns 1 when rank 0 asked to stop, -1 when the call failed, else 0. */
+static inline int tr_pattern_allreduce(terse_comm *c, tr_out *o, float *x, size_t n, int k,
+                                       int stop) {
+    const int r = terse_comm_rank(c);
+    for (size_t i = 0; i < n; i++) x[i] = (float)((int)(i % 5) + r * 3 + k % 7);
+    if (r == 0 && stop) x[0] += 1000.0f;
+    terse_status s = terse_allreduce(c, x, n, NULL, TERSE_OP_SUM);
+    o->u[2]++;
+    if (s != TERSE_OK) {
+        o->u[0] = (uint64_t)s;
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        return -1;
+    }
+    const int stopping = x[0] >= 1000.0f;
+    if (stopping) x[0] -= 1000.0f;
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != (float)(2 * (int)(i % 5) + 3 + 2 * (k % 7))) {
+            o->u[1]++;
+            break;
+        }
+    return stopping;
+}
 
 #endif

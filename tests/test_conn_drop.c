@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 
 #include "algos/comm.h"
+#include "endpoint_port.h"
 #include "ranks.h"
 
 #define N_FLOATS (1u << 20)
@@ -17,12 +18,8 @@
 static int drop_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     const int r = terse_comm_rank(c);
-    uint8_t name[256];
-    size_t len = sizeof name;
-    TR_CALL(o, terse__fabric_name(c->fabric, name, &len));
-    uint16_t port;
-    memcpy(&port, name + 48 + 2, 2); /* the sockaddr_in after the blob's header */
-    o->u[10] = ntohs(port);
+    o->u[10] = (uint64_t)endpoint_port(c);
+    if (!o->u[10]) return tr_fail(o, TERSE_ERR_INTERNAL, "endpoint_port");
     tr_out *all = o - r; /* every rank's outputs: one shared mapping */
     TR_CALL(o, terse_barrier(c)); /* both ports are published */
     if (r == 0) {

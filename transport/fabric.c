@@ -29,6 +29,14 @@ uint64_t terse__now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* A size rxm reads from the environment (its defaults otherwise). */
+static size_t env_size(const char *name, size_t dflt) {
+    const char *v = getenv(name);
+    char *end = NULL;
+    unsigned long long x = v ? strtoull(v, &end, 10) : 0;
+    return v && end != v && *end == '\0' ? (size_t)x : dflt;
+}
+
 static size_t queue_slots(size_t depth) {
     if (depth == 0) return FALLBACK_SLOTS;
     return depth < MAX_SLOTS_PER_DIRECTION ? depth : MAX_SLOTS_PER_DIRECTION;
@@ -73,7 +81,7 @@ static terse_status open_objects(terse__fabric *f) {
      * object: we poll (manual progress). */
     struct fi_cq_attr cq_attr = {0};
     cq_attr.format = FI_CQ_FORMAT_TAGGED;
-    cq_attr.size = f->tx_slots + f->rx_slots;
+    cq_attr.size = f->tx_slots + f->rx_slots + TERSE__EARLY_RECEIVING_MAX + 1;
     cq_attr.wait_obj = FI_WAIT_NONE;
     FI_TRY(fi_cq_open(f->domain, &cq_attr, &f->cq, NULL), "fi_cq_open");
 
@@ -132,6 +140,13 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
     f->nranks = nranks;
     TERSE_CHECK_GOTO(terse__fabric_select(provider, same_host, rank, &f->info), st, fail);
     snprintf(f->provider, sizeof f->provider, "%s", f->info->fabric_attr->prov_name);
+    /* rxm accepts connections from any address and queues their messages
+     * forever: sweep its unexpected queue (fabric_msg.c, "Strangers"). */
+    f->sweep = strstr(f->provider, "ofi_rxm") != NULL && !getenv("TERSE_NO_SWEEP");
+    f->held_peer = -1;
+    f->rxm_eager = env_size("FI_OFI_RXM_EAGER_LIMIT", env_size("FI_OFI_RXM_BUFFER_SIZE", 16384));
+    f->rxm_sar = env_size("FI_OFI_RXM_SAR_LIMIT", 8 * f->rxm_eager);
+    if (f->rxm_sar < f->rxm_eager) f->rxm_sar = f->rxm_eager;
     snprintf(f->domain_name, sizeof f->domain_name, "%s",
              f->info->domain_attr->name ? f->info->domain_attr->name : "?");
 

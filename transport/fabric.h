@@ -174,6 +174,9 @@ void terse__fabric_set_epoch(terse__fabric *f, uint32_t epoch);
 /* Chunks from peer (or from anyone, peer = -1) dropped because they failed
  * authentication. */
 uint64_t terse__fabric_auth_failures(const terse__fabric *f, int peer);
+/* Messages dropped that came from an address that is no rank (fabric_msg.c,
+ * "Strangers"). */
+uint64_t terse__fabric_stranger_drops(const terse__fabric *f);
 /* Tests only: corrupt one byte of every k-th chunk sent after its MAC was
  * computed (0: never), as a relay flipping bits would. */
 void terse__fabric_test_tamper(terse__fabric *f, unsigned every_k);

@@ -17,9 +17,12 @@
  * call and flag used here); the headers may be newer. */
 #define TERSE__FI_VERSION FI_VERSION(1, 17)
 
-/* Callers own the low 48 tag bits; chunk indices live in the high 16. */
+/* Callers own the low 48 tag bits; chunk indices live in the high 16.
+ * Chunk index 0xffff is never used: the sweep's markers carry it
+ * (fabric_msg.c, "Strangers"). */
 #define TERSE__TAG_BITS 48
-#define TERSE__MAX_CHUNKS ((size_t)1 << (64 - TERSE__TAG_BITS))
+#define TERSE__MAX_CHUNKS (((size_t)1 << (64 - TERSE__TAG_BITS)) - 1)
+#define TERSE__MARKER_CHUNK ((uint64_t)0xffff << TERSE__TAG_BITS)
 
 /* Chunks of one request in flight at once. Eight 1 MiB chunks keep a
  * pipeline deep enough to hide per-chunk latency on shm and tcp while
@@ -63,7 +66,37 @@ typedef struct terse__fabric_slot {
     struct terse__fabric_slot *next_free;
     uint8_t mac[TERSE__WIRE_MAC]; /* the chunk's tag, sent or received as a 2nd iov */
     uint8_t *stage;               /* encrypt: the ciphertext of a send being posted */
+    size_t local_got;             /* filled from the early store: the bytes it had */
+    struct terse__fabric_slot *local_next; /* ... and the next such slot to complete */
 } terse__fabric_slot;
+
+/* A message of a rank's that sat at the head of the provider's unexpected
+ * queue too long, claimed out of it into terse's memory (fabric_msg.c,
+ * "Strangers") until the receive it belongs to is posted. ctx first: the
+ * provider hands it back in the claim's completions. */
+typedef struct terse__fabric_early {
+    struct fi_context2 ctx;
+    struct terse__fabric_early *next;
+    int peer;
+    int state; /* TERSE__EARLY_* */
+    uint64_t tag;
+    size_t len, got;
+    uint8_t data[];
+} terse__fabric_early;
+
+/* One receive of the drain's (its bytes all go to one scratch buffer of
+ * rxm's eager size: a stranger's larger message completes truncated). */
+#define TERSE__SCRAPS 16384
+typedef struct terse__fabric_scrap {
+    struct fi_context2 ctx;
+    int busy;
+} terse__fabric_scrap;
+
+/* Claims whose bytes are still on the way, at most (each may produce a
+ * completion the CQ must have room for). */
+#define TERSE__EARLY_RECEIVING_MAX 32
+
+enum { TERSE__EARLY_CLAIMING, TERSE__EARLY_RECEIVING, TERSE__EARLY_READY, TERSE__EARLY_DISCARDING };
 
 typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
 
@@ -136,6 +169,36 @@ struct terse__fabric {
     void *slots_desc;
     terse__fabric_slot *repost;
     unsigned tamper_every, tamper_count;
+
+    /* Strangers (fabric_msg.c): tcp;ofi_rxm queues a message from an
+     * address that is no rank forever, so a sweep drops them. The peek in
+     * flight (its answer: found, tag, length); the rank's message held at
+     * the queue's head and since when; the early store (oldest first) and
+     * its bytes; receives filled from it, to complete; counts. */
+    int sweep, sweeping;
+    size_t rxm_eager, rxm_sar; /* rxm's limits: eager up to the first, segments up to the second */
+    uint64_t sweep_last_ns;
+    struct fi_context2 peek_ctx;
+    void *peek_wait;
+    int peek_state; /* 0 waiting, 1 found, 2 none */
+    uint64_t peek_tag;
+    size_t peek_len;
+    int held_peer; /* -1: none */
+    uint64_t held_tag, held_since;
+    size_t held_len;
+    terse__fabric_early *early_head, *early_tail;
+    size_t early_bytes, early_receiving;
+    terse__fabric_slot *local_done;
+    uint64_t stranger_drops, early_claimed, early_evicted;
+    /* The drain: its marker (tag, nonce; pending: still queued), and the
+     * small receives that take strangers' messages off the queue. */
+    uint64_t marker_rng, marker_tag;
+    uint8_t marker_nonce[16];
+    int marker_pending;
+    uint64_t attack_until_ns;
+    struct terse__fabric_scrap *scraps;
+    size_t scraps_busy;
+    uint8_t *scrap_buf;
 
     /* The provider call in progress (a watchdog reads these from another
      * thread): when it started (0: none), which peer it concerns (-1: the

@@ -37,6 +37,7 @@
  * (bounded so that new chunks are posted between batches). */
 #define CQ_BATCH 16
 #define CQ_ROUNDS 8
+#define DRAIN_BATCH 512 /* completions read per call while the drain's receives are out */
 /* Idle progress rounds before we start yielding the CPU: ranks often share
  * cores, and a peer that is descheduled cannot send us anything. After a
  * longer silence (a straggler, a dead peer awaiting its timeout) we also
@@ -146,6 +147,19 @@ static void op_put(terse__fabric *f, terse__fabric_op *op) {
 
 void terse__fabric_release_ops(terse__fabric *f) {
     f->repost = NULL; /* their ops go now */
+    f->local_done = NULL;
+    while (f->early_head) {
+        terse__fabric_early *e = f->early_head;
+        f->early_head = e->next;
+        free(e);
+    }
+    f->early_tail = NULL;
+    f->early_bytes = f->early_receiving = 0;
+    free(f->scraps);
+    free(f->scrap_buf);
+    f->scraps = NULL;
+    f->scrap_buf = NULL;
+    f->scraps_busy = 0;
     for (size_t i = 0; f->stage_mem && i < f->tx_slots + f->rx_slots; i++) f->slots[i].stage = NULL;
     for (size_t i = 0; f->stage_mem && i < f->nstage; i++)
         f->stage_free[i] = (uint8_t *)f->stage_mem + i * f->chunk_bytes;
@@ -189,6 +203,74 @@ static terse_status post_error(terse__fabric *f, terse__fabric_req *r, size_t ch
                                (unsigned long long)r->tag, f->provider, fi_strerror(-ret)));
 }
 
+/* ---------------------------------------------------------------- strangers
+ *
+ * tcp;ofi_rxm accepts a connection from any address. A message that
+ * arrives on one from an address that is no rank's matches no receive we
+ * post (ours name their source), so rxm keeps it in its unexpected queue
+ * forever: 70,000 messages of 4 KiB grew a rank by 1.1 GB. rxm cannot be
+ * told to refuse them, and the queue is reachable only through peeks, so
+ * at most once a millisecond the progress loop sweeps it:
+ *
+ *  - peek at the oldest message (any source): its tag and length;
+ *  - peek for that tag from each rank: if no rank has a message with that
+ *    tag queued, the oldest is a stranger's, and a discarding peek for
+ *    that tag drops it (the first match is the oldest);
+ *  - otherwise it may be a rank's message that arrived before we posted
+ *    its receive, and the sweep stops there. If the same one still heads
+ *    the queue HOLD_NS later (a forger posing as a rank can park messages
+ *    there that no receive will ever take), the rank's message is claimed
+ *    out of the queue into the early store: terse's own memory, at most
+ *    EARLY_BUDGET bytes (oldest evicted, counted and logged), where the
+ *    receive finds it when it is posted -- and authenticates it as if it
+ *    had just arrived.
+ *
+ * Strangers' messages are therefore held for at most about one sweep
+ * period's worth of what the provider reads, plus the store. The cost
+ * without an attack is one peek per millisecond. */
+#define SWEEP_NS 100000000u
+#define SWEEP_MAX 16384
+#define HOLD_NS 20000000u
+#define EARLY_BUDGET ((size_t)32 << 20)
+#define ATTACK_NS 1000000000u /* drain every sweep this long after a stranger's message */
+
+static terse__fabric_early *early_find(terse__fabric *f, int peer, uint64_t tag,
+                                       terse__fabric_early **prev) {
+    terse__fabric_early *q = NULL;
+    for (terse__fabric_early *e = f->early_head; e; q = e, e = e->next)
+        if (e->peer == peer && e->tag == tag && e->state != TERSE__EARLY_DISCARDING) {
+            if (prev) *prev = q;
+            return e;
+        }
+    return NULL;
+}
+
+static void early_unlink(terse__fabric *f, terse__fabric_early *e, terse__fabric_early *prev) {
+    if (prev) prev->next = e->next;
+    else f->early_head = e->next;
+    if (f->early_tail == e) f->early_tail = prev;
+    f->early_bytes -= e->len;
+}
+
+/* The chunk (peer, tag) from the early store into p (n bytes) and mac:
+ * 1 and its length in *got, 0 while its bytes are still
+ * coming, -1 when the store has none. */
+static int early_take(terse__fabric *f, int peer, uint64_t tag, uint8_t *p, size_t n,
+                      uint8_t *mac, size_t *got) {
+    terse__fabric_early *prev = NULL, *e = early_find(f, peer, tag, &prev);
+    if (!e) return -1;
+    if (e->state != TERSE__EARLY_READY) return 0;
+    const size_t extra = f->mac ? TERSE__WIRE_MAC : 0;
+    size_t body = e->got >= extra ? e->got - extra : 0;
+    if (p && body) memcpy(p, e->data, body < n ? body : n);
+    if (extra && e->got >= extra) memcpy(mac, e->data + body, extra);
+    else if (extra) memset(mac, 0, extra);
+    *got = e->got;
+    early_unlink(f, e, prev);
+    free(e);
+    return 1;
+}
+
 /* Post chunk i of op into slot s: one iov, or with TERSE_WIRE=mac two --
  * the bytes and the slot's MAC (computed here for a send). */
 static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_slot *s,
@@ -202,6 +284,20 @@ static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_sl
         if (n > f->chunk_bytes) return -FI_EMSGSIZE; /* chunks grew past 2^16 per message */
         if (!f->nstage_free) return -FI_EAGAIN;
         stage = f->stage_free[--f->nstage_free];
+    }
+    if (!r->is_send && f->early_head) { /* claimed out of the provider's queue already? */
+        size_t got = 0;
+        int has = early_take(f, r->peer, tag, p, n, s->mac, &got);
+        if (has == 0) return -FI_EAGAIN; /* its bytes are still on the way */
+        if (has > 0) {                   /* completes in the next progress round */
+            s->local_got = got;
+            s->op = op;
+            s->chunk = i;
+            s->stage = NULL;
+            s->local_next = f->local_done; /* not next_free: the caller still unlinks s by it */
+            f->local_done = s;
+            return 0;
+        }
     }
     s->op = op;
     s->chunk = i;
@@ -501,6 +597,54 @@ static terse_status complete(terse__fabric *f, terse__fabric_slot *s, size_t got
     return TERSE_OK;
 }
 
+static int is_scrap(const terse__fabric *f, const void *ctx) {
+    const terse__fabric_scrap *x = ctx;
+    return f->scraps && x >= f->scraps && x < f->scraps + TERSE__SCRAPS;
+}
+
+static void scrap_done(terse__fabric *f, void *ctx) {
+    terse__fabric_scrap *x = ctx;
+    if (x->busy) {
+        x->busy = 0;
+        f->scraps_busy--;
+    }
+}
+
+static int is_slot(const terse__fabric *f, const void *ctx) {
+    const terse__fabric_slot *s = ctx;
+    return s >= f->slots && s < f->slots + f->tx_slots + f->rx_slots;
+}
+
+/* A claim's bytes arrived (or failed: the entry goes). */
+static void early_done(terse__fabric *f, void *ctx, size_t len, int failed) {
+    terse__fabric_early *e = ctx, *prev = NULL;
+    for (terse__fabric_early *q = f->early_head; q && q != e; q = q->next) prev = q;
+    if (prev ? prev->next != e : f->early_head != e) return; /* not ours: ignore */
+    if (e->state == TERSE__EARLY_RECEIVING && f->early_receiving) f->early_receiving--;
+    if (failed || e->state == TERSE__EARLY_DISCARDING) {
+        early_unlink(f, e, prev);
+        free(e);
+        return;
+    }
+    e->state = TERSE__EARLY_READY;
+    e->got = len;
+}
+
+/* A completion that is not a posted chunk's: a peek's answer or a claim's. */
+static void other_done(terse__fabric *f, const struct fi_cq_tagged_entry *ent) {
+    if (is_scrap(f, ent->op_context)) {
+        scrap_done(f, ent->op_context);
+        return;
+    }
+    if (ent->op_context == f->peek_wait && f->peek_state == 0) {
+        f->peek_state = 1;
+        f->peek_tag = ent->tag;
+        f->peek_len = ent->len;
+        return;
+    }
+    early_done(f, ent->op_context, ent->len, 0);
+}
+
 static terse_status complete_error(terse__fabric *f) {
     struct fi_cq_err_entry e;
     memset(&e, 0, sizeof e);
@@ -512,6 +656,12 @@ static terse_status complete_error(terse__fabric *f) {
     const char *txt = fi_cq_strerror(f->cq, e.prov_errno, e.err_data, why, sizeof why);
     /* Some providers (shm in 1.17) report err negated. */
     int err = e.err < 0 ? -e.err : e.err;
+    if (e.op_context && !is_slot(f, e.op_context)) { /* a peek found nothing, or a claim failed */
+        if (is_scrap(f, e.op_context)) scrap_done(f, e.op_context); /* truncated: as meant */
+        else if (e.op_context == f->peek_wait && f->peek_state == 0) f->peek_state = 2;
+        else early_done(f, e.op_context, 0, 1);
+        return TERSE_OK;
+    }
     terse__fabric_slot *s = e.op_context;
     if (!s || !s->op)
         return fail(f, TERSE_ERROR(is_connection_error(err) ? TERSE_ERR_PEER_LOST
@@ -534,10 +684,14 @@ static terse_status complete_error(terse__fabric *f) {
          * peer's connection drops). */
         st = TERSE_ERROR(TERSE_ERR_PEER_LOST,
                          "rank %d: lost rank %d while %s it (tag %#llx, %zu of %zu bytes done) "
-                         "on %s: %s (%s)",
+                         "on %s: %s (%s)%s",
                          f->rank, r->peer, dir_text(r), (unsigned long long)r->tag,
                          s->op->bytes_done, r->len, f->provider, fi_strerror(err),
-                         txt ? txt : "");
+                         txt ? txt : "",
+                         err == FI_ECANCELED && f->sweep
+                             ? "; rxm tore the connection down: the peer dropped it, or another "
+                               "process connected claiming the peer's address"
+                             : "");
     else
         st = TERSE_ERROR(TERSE_ERR_TRANSPORT,
                          "rank %d: %s rank %d (tag %#llx) failed on %s: %s (%s)", f->rank,
@@ -552,27 +706,329 @@ static terse_status complete_error(terse__fabric *f) {
 
 /* Drain the CQ (manual progress happens inside fi_cq_read). *events
  * counts completions seen. */
-static terse_status progress(terse__fabric *f, size_t *events) {
-    struct fi_cq_tagged_entry ent[CQ_BATCH];
-    for (int round = 0; round < CQ_ROUNDS; round++) {
+static terse_status read_cq(terse__fabric *f, size_t *events) {
+    struct fi_cq_tagged_entry ent[DRAIN_BATCH];
+    /* The drain's receives complete in bulk: read them in big batches
+     * (every fi_cq_read also reads more from the sockets). */
+    const size_t batch = f->scraps_busy ? DRAIN_BATCH : CQ_BATCH;
+    const int rounds = f->scraps_busy ? 16 : CQ_ROUNDS;
+    for (int round = 0; round < rounds; round++) {
         terse__fabric_enter(f, -1, "fi_cq_read");
-        ssize_t n = fi_cq_read(f->cq, ent, CQ_BATCH);
+        ssize_t n = fi_cq_read(f->cq, ent, batch);
         terse__fabric_leave(f);
         if (atomic_load(&f->abandoned)) return abandoned(f);
         if (n == -FI_EAGAIN) return TERSE_OK;
-        if (n == -FI_EAVAIL) return complete_error(f);
+        if (n == -FI_EAVAIL) { /* one error entry; the next round reads on */
+            TERSE_CHECK(complete_error(f));
+            continue;
+        }
         if (n < 0)
             return fail(f, TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: fi_cq_read on %s failed: %s",
                                        f->rank, f->provider, fi_strerror((int)-n)));
         for (ssize_t k = 0; k < n; k++) {
             /* Only our posted chunks carry a context (inject has none). */
-            if (ent[k].op_context) TERSE_CHECK(complete(f, ent[k].op_context, ent[k].len));
+            if (!ent[k].op_context) continue;
+            if (is_slot(f, ent[k].op_context))
+                TERSE_CHECK(complete(f, ent[k].op_context, ent[k].len));
+            else
+                other_done(f, &ent[k]);
         }
         *events += (size_t)n;
-        if (n < CQ_BATCH) return TERSE_OK;
+        if ((size_t)n < batch) return TERSE_OK;
     }
     return TERSE_OK;
 }
+
+/* Post a peek (FI_PEEK, with FI_DISCARD or FI_CLAIM in flags) on behalf
+ * of ctx and wait for its answer, completing what else the CQ holds
+ * meanwhile. 1: found (f->peek_tag, f->peek_len), 0: none, -1: *st. */
+static int peek(terse__fabric *f, fi_addr_t src, uint64_t tag, uint64_t ignore, uint64_t flags,
+                void *ctx, terse_status *st) {
+    struct fi_msg_tagged m;
+    memset(&m, 0, sizeof m);
+    m.addr = src;
+    m.tag = tag;
+    m.ignore = ignore;
+    m.context = ctx;
+    f->peek_wait = ctx;
+    f->peek_state = 0;
+    terse__fabric_enter(f, -1, "fi_trecvmsg(FI_PEEK)");
+    ssize_t ret = fi_trecvmsg(f->ep, &m, flags | FI_PEEK);
+    terse__fabric_leave(f);
+    if (atomic_load(&f->abandoned)) {
+        *st = abandoned(f);
+        return -1;
+    }
+    /* rxm answers at once (the answer is in the CQ before the call
+     * returns); the bound only guards against a provider that does not. */
+    for (int k = 0; ret == 0 && f->peek_state == 0 && k < 1000; k++) {
+        size_t ev = 0;
+        *st = read_cq(f, &ev);
+        if (*st != TERSE_OK) return -1;
+    }
+    f->peek_wait = NULL;
+    int found = ret == 0 && f->peek_state == 1;
+    f->peek_state = 0;
+    return found;
+}
+
+static void early_evict(terse__fabric *f) {
+    terse__fabric_early *prev = NULL;
+    for (terse__fabric_early *e = f->early_head; e; prev = e, e = e->next) {
+        if (e->state != TERSE__EARLY_READY) continue;
+        uint64_t n = ++f->early_evicted;
+        if ((n & (n - 1)) == 0)
+            fprintf(stderr,
+                    "terse: rank %d: the store for messages claimed from the provider's queue is "
+                    "full (%zu MiB): dropped the oldest, %zu bytes claiming to come from rank %d "
+                    "(tag %#llx; %llu dropped so far)\n",
+                    f->rank, EARLY_BUDGET >> 20, e->len, e->peer, (unsigned long long)e->tag,
+                    (unsigned long long)n);
+        early_unlink(f, e, prev);
+        free(e);
+        return;
+    }
+}
+
+/* Move peer's oldest message with tag (len bytes) out of the provider's
+ * queue into the early store. */
+static terse_status claim(terse__fabric *f, int peer, uint64_t tag, size_t len, int *removed) {
+    terse_status st = TERSE_OK;
+    *removed = 0;
+    const size_t extra = f->mac ? TERSE__WIRE_MAC : 0;
+    if (len > f->chunk_bytes + extra) { /* no rank sends that: drop it */
+        int got = peek(f, f->addrs[peer], tag, 0, FI_DISCARD, &f->peek_ctx, &st);
+        if (got < 0) return st;
+        if (f->auth_fail) f->auth_fail[peer]++;
+        else f->stranger_drops++;
+        *removed = got;
+        return TERSE_OK;
+    }
+    /* rxm sends what is over its eager limit and up to its SAR limit in
+     * segments, each queued on its own; a claim takes only the first, so
+     * such a message stays queued (and the sweep stops at it). */
+    if (len > f->rxm_eager && len <= f->rxm_sar) return TERSE_OK;
+    if (f->register_mr || f->early_receiving >= TERSE__EARLY_RECEIVING_MAX) return TERSE_OK;
+    while (f->early_bytes + len > EARLY_BUDGET) {
+        size_t before = f->early_bytes;
+        early_evict(f);
+        if (f->early_bytes == before) return TERSE_OK; /* all still receiving */
+    }
+    terse__fabric_early *e = malloc(sizeof *e + (len ? len : 1));
+    if (!e) return TERSE_OK; /* it stays queued; the next sweep tries again */
+    memset(e, 0, sizeof *e);
+    e->peer = peer;
+    e->tag = tag;
+    e->len = len;
+    e->state = TERSE__EARLY_CLAIMING;
+    int got = peek(f, f->addrs[peer], tag, 0, FI_CLAIM, &e->ctx, &st);
+    if (got <= 0) {
+        free(e);
+        return got < 0 ? st : TERSE_OK;
+    }
+    int fits = f->peek_len <= len;
+    struct iovec iov = {e->data, fits ? f->peek_len : 0};
+    struct fi_msg_tagged m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = fits && f->peek_len ? &iov : NULL;
+    m.iov_count = fits && f->peek_len ? 1 : 0;
+    m.addr = f->addrs[peer];
+    m.tag = tag;
+    m.context = &e->ctx;
+    e->state = fits ? TERSE__EARLY_RECEIVING : TERSE__EARLY_DISCARDING;
+    if (f->early_tail) f->early_tail->next = e;
+    else f->early_head = e;
+    f->early_tail = e;
+    f->early_bytes += e->len;
+    if (fits) f->early_receiving++;
+    f->early_claimed++;
+    *removed = 1;
+    terse__fabric_enter(f, peer, "fi_trecvmsg(FI_CLAIM)");
+    ssize_t ret = fi_trecvmsg(f->ep, &m, FI_CLAIM | (fits ? 0 : FI_DISCARD));
+    terse__fabric_leave(f);
+    if (atomic_load(&f->abandoned)) return abandoned(f);
+    if (ret != 0) early_done(f, e, 0, 1);
+    return TERSE_OK;
+}
+
+/* Is the head (tag, len) the oldest queued message of some rank? Sets
+ * *owner (-1: of none). One scan of the queue per rank. */
+static terse_status head_owner(terse__fabric *f, uint64_t tag, size_t len, int *owner) {
+    terse_status st = TERSE_OK;
+    *owner = -1;
+    if (f->held_peer >= 0 && f->held_tag == tag && f->held_len == len) {
+        *owner = f->held_peer;
+        return TERSE_OK;
+    }
+    for (int p = 0; p < f->nranks; p++) {
+        int got = peek(f, f->addrs[p], tag, 0, 0, &f->peek_ctx, &st);
+        if (got < 0) return st;
+        if (got) {
+            *owner = p;
+            return TERSE_OK;
+        }
+    }
+    return TERSE_OK;
+}
+
+static void count_stranger(terse__fabric *f) {
+    uint64_t n = ++f->stranger_drops;
+    if (n == 1 || ((n & (n - 1)) == 0 && n >= 1024))
+        fprintf(stderr,
+                "terse: rank %d: dropped %llu message%s from addresses that are no rank of this "
+                "job: a process outside the job is sending to this rank's port\n",
+                f->rank, (unsigned long long)n, n == 1 ? "" : "s");
+}
+
+/* The head is a stranger's: take every stranger's message ahead of a
+ * marker we send ourselves off the queue, without reading more from the
+ * sockets meanwhile (every peek does: a drain by peeks falls behind a
+ * flood). First every rank's queued messages are claimed into the early
+ * store, once the marker has arrived, so what is left ahead of the marker
+ * is strangers' only. Then small wildcard receives take the head, one
+ * each, at once and without progress, until one of them holds the
+ * marker's nonce. Cost: a scan of the queue per rank, then one post per
+ * message dropped. */
+static terse_status drain(terse__fabric *f) {
+    terse_status st = TERSE_OK;
+    if (!f->scraps) {
+        f->scraps = calloc(TERSE__SCRAPS, sizeof *f->scraps);
+        f->scrap_buf = malloc(f->rxm_eager > 16 ? f->rxm_eager : 16);
+        if (!f->scraps || !f->scrap_buf) {
+            free(f->scraps), free(f->scrap_buf);
+            f->scraps = NULL, f->scrap_buf = NULL;
+            return TERSE_OK;
+        }
+    }
+    if (!f->marker_pending) {
+        uint64_t x = f->marker_rng ? f->marker_rng : (terse__now_ns() | 1) ^ ((uint64_t)f->rank << 32);
+        for (int i = 0; i < 3; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            if (i < 2) memcpy(f->marker_nonce + 8 * i, &x, 8);
+        }
+        f->marker_rng = x;
+        f->marker_tag = TERSE__MARKER_CHUNK | (x & (((uint64_t)1 << TERSE__TAG_BITS) - 1));
+        terse__fabric_enter(f, f->rank, "fi_tinject");
+        ssize_t ret = fi_tinject(f->ep, f->marker_nonce, sizeof f->marker_nonce,
+                                 f->addrs[f->rank], f->marker_tag);
+        terse__fabric_leave(f);
+        if (atomic_load(&f->abandoned)) return abandoned(f);
+        if (ret != 0) return TERSE_OK; /* -FI_EAGAIN (connecting to ourselves): next sweep */
+        f->marker_pending = 1;
+    }
+    int got = 0;
+    /* It arrives within our own progress; one look per drain (each look
+     * scans the queue and reads more from the sockets). */
+    /* Any source: the tag is unguessable, and the match skips rxm's
+     * per-message source lookup. */
+    got = peek(f, FI_ADDR_UNSPEC, f->marker_tag, 0, 0, &f->peek_ctx, &st);
+    if (got < 0) return st;
+    if (!got) return TERSE_OK; /* not queued yet: a later sweep goes on */
+    /* Every rank's queued message into the store (they are few: what
+     * arrived before its receive was posted). */
+    for (int p = 0; p < f->nranks; p++) {
+        if (p == f->rank) continue; /* ranks send nothing to themselves, but the marker */
+        for (int k = 0;; k++) {
+            got = peek(f, f->addrs[p], 0, ~(uint64_t)0, 0, &f->peek_ctx, &st);
+            if (got < 0) return st;
+            if (!got) break;
+            int removed = 0;
+            TERSE_CHECK(claim(f, p, f->peek_tag, f->peek_len, &removed));
+            if (!removed || k > 256) return TERSE_OK; /* cannot: stop here */
+        }
+    }
+    /* Strangers' only, up to the marker. */
+    terse__fabric_scrap *x = f->scraps;
+    for (int k = 0; k < SWEEP_MAX; k++) {
+        while (x < f->scraps + TERSE__SCRAPS && x->busy) x++;
+        if (x == f->scraps + TERSE__SCRAPS) break; /* all still busy: a later sweep */
+        memset(f->scrap_buf, 0, sizeof f->marker_nonce);
+        terse__fabric_enter(f, -1, "fi_trecv");
+        ssize_t ret = fi_trecv(f->ep, f->scrap_buf, f->rxm_eager, NULL, FI_ADDR_UNSPEC, 0,
+                               ~(uint64_t)0, &x->ctx);
+        terse__fabric_leave(f);
+        if (atomic_load(&f->abandoned)) return abandoned(f);
+        if (ret != 0) break;
+        x->busy = 1;
+        f->scraps_busy++;
+        /* An eager message is copied in before fi_trecv returns; the
+         * marker is one. (A larger stranger's lands later, truncated.) */
+        if (memcmp(f->scrap_buf, f->marker_nonce, sizeof f->marker_nonce) == 0) {
+            f->marker_pending = 0;
+            break;
+        }
+        count_stranger(f);
+        f->attack_until_ns = terse__now_ns() + ATTACK_NS;
+    }
+    return TERSE_OK;
+}
+
+/* The sweep (see "Strangers" above). */
+static terse_status sweep(terse__fabric *f) {
+    uint64_t now = terse__now_ns();
+    /* Strangers were seen lately: drain every time, whatever heads the
+     * queue (a rank's early message there would shelter them), and as
+     * often as progress runs (a flood arrives as fast as we read). */
+    if (now < f->attack_until_ns) return drain(f);
+    if (now - f->sweep_last_ns < SWEEP_NS) return TERSE_OK;
+    f->sweep_last_ns = now;
+    terse_status st = TERSE_OK;
+    for (int k = 0; k < 4; k++) {
+        int got = peek(f, FI_ADDR_UNSPEC, 0, ~(uint64_t)0, 0, &f->peek_ctx, &st);
+        if (got < 0) return st;
+        if (!got) {
+            f->held_peer = -1;
+            return TERSE_OK;
+        }
+        uint64_t tag = f->peek_tag;
+        size_t len = f->peek_len;
+        int owner;
+        TERSE_CHECK(head_owner(f, tag, len, &owner));
+        if (owner < 0) {
+            f->held_peer = -1;
+            TERSE_CHECK(drain(f));
+            continue; /* the head is now a rank's, or the marker's successor */
+        }
+        if (f->held_peer != owner || f->held_tag != tag || f->held_len != len) {
+            f->held_peer = owner; /* may be early: give its receive time to be posted */
+            f->held_tag = tag;
+            f->held_len = len;
+            f->held_since = now;
+            return TERSE_OK;
+        }
+        if (now - f->held_since < HOLD_NS) return TERSE_OK;
+        f->held_peer = -1;
+        int removed = 0;
+        TERSE_CHECK(claim(f, owner, tag, len, &removed));
+        if (!removed) return TERSE_OK; /* could not: try next sweep */
+    }
+    return TERSE_OK;
+}
+
+/* Receives filled from the early store complete here, then (rxm) the
+ * sweep, then the CQ is drained. */
+static terse_status progress(terse__fabric *f, size_t *events) {
+    while (f->local_done) {
+        terse__fabric_slot *s = f->local_done;
+        f->local_done = s->local_next;
+        (*events)++;
+        TERSE_CHECK(complete(f, s, s->local_got));
+    }
+    /* The sweep first: its peeks run the provider's progress, which may
+     * tear down a dead peer's connection; the CQ read after it sees the
+     * errors that leaves before anything more is posted (rxm 1.17 crashes
+     * when a new receive matches a queued message of a torn-down
+     * connection). */
+    if (f->sweep && f->addrs && !f->sweeping) {
+        f->sweeping = 1;
+        terse_status st = sweep(f);
+        f->sweeping = 0;
+        TERSE_CHECK(st);
+    }
+    return read_cq(f, events);
+}
+
+uint64_t terse__fabric_stranger_drops(const terse__fabric *f) { return f ? f->stranger_drops : 0; }
 
 /* Tolerant mode: recycle the state of failed requests once nothing of
  * theirs is posted any more. */
@@ -778,7 +1234,7 @@ static size_t posted_holding(const terse__fabric *f, int sends_too) {
 /* A chunk that came back (done, failed or cancelled) during quiesce: it
  * no longer holds caller memory. */
 static void returned(terse__fabric *f, terse__fabric_slot *s) {
-    if (!s || !s->op) return;
+    if (!s || !is_slot(f, s) || !s->op) return; /* a peek's or claim's: freed at close */
     terse__fabric_op *op = s->op;
     if (op->inflight) op->inflight--;
     slot_put(f, s, op->req->is_send);
@@ -795,6 +1251,11 @@ void terse__fabric_quiesce(terse__fabric *f) {
     if (!f || !f->ep || atomic_load(&f->abandoned)) return;
     if (f->failed == TERSE_OK) f->failed = TERSE_ERR_ABORTED;
     unrepost(f, NULL); /* slots not posted: nothing to cancel */
+    while (f->local_done) { /* filled from the early store: never posted */
+        terse__fabric_slot *s = f->local_done;
+        f->local_done = s->local_next;
+        returned(f, s);
+    }
     const int sends_too = strcmp(f->provider, "shm") == 0;
     for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
         if (f->slots[i].op) {

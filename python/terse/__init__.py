@@ -669,7 +669,8 @@ class Comm(_Closing):
 
     def stats(self):
         """dict of terse_comm_stats: ops, payload/wire bytes sent and
-        received, codec_seconds, network_seconds, auth_failures."""
+        received, codec_seconds, network_seconds, auth_failures,
+        stranger_drops."""
         s = _capi.CommStats()
         s.size = ctypes.sizeof(s)
         _call("terse.Comm.stats", _lib.terse_comm_get_stats, self._handle(), ctypes.byref(s))

@@ -98,6 +98,7 @@ class CommStats(ctypes.Structure):
         ("codec_seconds", ctypes.c_double),
         ("network_seconds", ctypes.c_double),
         ("auth_failures", ctypes.c_uint64),
+        ("stranger_drops", ctypes.c_uint64),
     ]
 
 

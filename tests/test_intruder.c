@@ -1,0 +1,174 @@
+/* A local process that is not part of the job attacks a running 2-rank
+ * tcp job (tests/fabric_intruder, its own libfabric endpoint):
+ *
+ *  - flood: 100,000 messages of 4 KiB from an address that is not a rank.
+ *    tcp;ofi_rxm queues such messages as unexpected, forever and without
+ *    bound (measured before terse dropped them: 70,000 grew a rank by
+ *    1.1 GB, and the queue's length starved the rank until its peer timed
+ *    out). Every allreduce during the flood must give the right sum, and
+ *    the messages must be dropped; the resident peak is reported.
+ *  - impersonate: the intruder claims rank 1's port, so rank 0's rxm takes
+ *    its messages for rank 1's and drops rank 1's connection. Every call
+ *    gives the right sum or a specific error naming rank 1; never TERSE_OK
+ *    with the intruder's values.
+ *
+ * Bounded in count and time; the intruder targets only this test's rank. */
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+
+#include "algos/comm.h"
+#include "endpoint_port.h"
+#include "ranks.h"
+
+#ifndef TERSE_INTRUDER_PATH
+#error "TERSE_INTRUDER_PATH: the fabric_intruder binary"
+#endif
+
+#define N_FLOATS (1u << 16)
+extern char **environ;
+
+typedef struct attack {
+    int impersonate;
+    long count;
+    long bytes;
+    const char *tags;
+} attack;
+
+static double rss_mb(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
+        fclose(f);
+    }
+    return (double)res * (double)sysconf(_SC_PAGESIZE) / 1048576.0;
+}
+
+/* u[0]: first failing status; u[1]: OK calls with a wrong sum; u[2]: calls;
+ * u[3]: intruder exit status ok; u[4]: messages it sent; u[5]: dropped
+ * from addresses that are not ranks; u[10]: port; val[0], val[1]: RSS
+ * before and at most during the attack (MB). */
+static int attack_body(terse_comm *c, tr_out *o, const void *arg) {
+    const attack *a = arg;
+    const int r = terse_comm_rank(c);
+    o->u[10] = (uint64_t)endpoint_port(c);
+    if (!o->u[10]) return tr_fail(o, TERSE_ERR_INTERNAL, "endpoint_port");
+    tr_out *all = o - r;
+    float *x = calloc(N_FLOATS, sizeof(float));
+    for (int k = 0; k < 20; k++) /* warm: buffers and pools at their working size */
+        TR_CALL(o, terse_allreduce(c, x, N_FLOATS, NULL, TERSE_OP_SUM));
+    TR_CALL(o, terse_barrier(c));
+    o->val[0] = o->val[1] = rss_mb();
+    pid_t pid = -1;
+    char out[64];
+    snprintf(out, sizeof out, "/tmp/terse-intruder-%d.txt", (int)getpid());
+    if (r == 0) {
+        char sport[16], sclaim[16], scount[24], sbytes[24];
+        snprintf(sport, sizeof sport, "%llu", (unsigned long long)all[0].u[10]);
+        snprintf(sclaim, sizeof sclaim, "%llu", (unsigned long long)all[1].u[10]);
+        snprintf(scount, sizeof scount, "%ld", a->count);
+        snprintf(sbytes, sizeof sbytes, "%ld", a->bytes);
+        char *argv[16] = {TERSE_INTRUDER_PATH, "--port", sport, "--count", scount, "--bytes",
+                          sbytes, "--seconds", a->impersonate ? "8" : "20", "--tags",
+                          (char *)a->tags, NULL};
+        if (a->impersonate) argv[11] = "--claim-port", argv[12] = sclaim;
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (posix_spawn(&pid, TERSE_INTRUDER_PATH, &fa, NULL, argv, environ) != 0) pid = -1;
+        posix_spawn_file_actions_destroy(&fa);
+        o->u[20] = 1; /* started */
+    }
+    /* Allreduce until the intruder is done (and a second more), at most 40 s. */
+    double end = tr_now_ms() + 40000, after = 0;
+    for (int k = 0; tr_now_ms() < end; k++) {
+        if (tr_pattern_allreduce(c, o, x, N_FLOATS, k, after && tr_now_ms() > after) != 0) break;
+        double m = rss_mb();
+        if (m > o->val[1]) o->val[1] = m;
+        if (r == 0 && pid > 0 && !o->u[21]) {
+            int st;
+            if (waitpid(pid, &st, WNOHANG) == pid) {
+                o->u[3] = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+                o->u[21] = 1; /* the intruder is done */
+                pid = -1;
+            }
+        }
+        if (r == 0 && !after && o->u[21]) after = tr_now_ms() + 1000;
+    }
+    if (r == 0 && pid > 0) { /* this rank failed first: the intruder may still be at it */
+        int st = 0;
+        double until = tr_now_ms() + 30000; /* it stops by itself (--count, --seconds) */
+        while (waitpid(pid, &st, WNOHANG) != pid && tr_now_ms() < until) usleep(10000);
+        if (tr_now_ms() >= until) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+        }
+        o->u[3] = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        o->u[21] = 1;
+    }
+    if (r == 0) {
+        FILE *f = fopen(out, "r");
+        long sent = 0;
+        if (f) {
+            if (fscanf(f, "fabric_intruder: sent %ld", &sent) != 1) sent = 0;
+            fclose(f);
+        }
+            unlink(out);
+        o->u[4] = (uint64_t)sent;
+    }
+    terse_comm_stats st = TERSE_COMM_STATS_INIT;
+    if (terse_comm_get_stats(c, &st) == TERSE_OK) o->u[5] = st.stranger_drops;
+    free(x);
+    return 0;
+}
+
+Test(intruder, a_flood_from_an_address_that_is_no_rank_is_dropped_within_the_budget_tcp) {
+    unsetenv("TERSE_WIRE");
+    attack a = {0, 100000, 4096, "random"};
+    tr_job job = {"tcp", 2, 5000, 90, -1, NULL};
+    tr_out *o = tr_run(&job, attack_body, &a);
+    cr_assert_eq(o[0].u[3], 1, "the intruder did not run to completion");
+    cr_log_info("intruder sent %llu messages; rank 0 dropped %llu from strangers; rank 0 "
+                "resident %.1f MB before, at most %.1f MB during; %llu calls",
+                (unsigned long long)o[0].u[4], (unsigned long long)o[0].u[5], o[0].val[0],
+                o[0].val[1], (unsigned long long)o[0].u[2]);
+    cr_expect_eq(o[0].u[4], 100000, "the intruder sent %llu of its 100000 messages",
+                 (unsigned long long)o[0].u[4]);
+    for (int r = 0; r < 2; r++) {
+        cr_expect_eq(o[r].u[0], TERSE_OK, "rank %d failed during the flood: %s: %s", r,
+                     terse_status_name((terse_status)o[r].u[0]), o[r].err);
+        cr_expect_eq(o[r].u[1], 0, "rank %d: %llu calls returned TERSE_OK with a wrong sum", r,
+                     (unsigned long long)o[r].u[1]);
+    }
+    cr_expect_gt(o[0].u[5], 90000, "rank 0 dropped only %llu of the intruder's messages",
+                 (unsigned long long)o[0].u[5]);
+    /* Memory is reported, not asserted: see SECURITY.md ("Not done yet")
+     * for why the peak still follows the flood's rate. */
+    tr_release(o);
+}
+
+Test(intruder, a_process_claiming_a_ranks_port_gets_no_wrong_sum_accepted_tcp) {
+    unsetenv("TERSE_WIRE");
+    attack a = {1, 20000, 4096, "low"};
+    tr_job job = {"tcp", 2, 3000, 90, -1, NULL};
+    tr_out *o = tr_run(&job, attack_body, &a);
+    for (int r = 0; r < 2; r++)
+        cr_log_info("rank %d: %llu calls, then %s: %s", r, (unsigned long long)o[r].u[2],
+                    terse_status_name((terse_status)o[r].u[0]), o[r].err);
+    cr_assert_eq(o[0].u[3], 1, "the intruder did not run to completion");
+    cr_log_info("intruder sent %llu messages as rank 1", (unsigned long long)o[0].u[4]);
+    cr_expect_gt(o[0].u[4], 0, "the intruder sent nothing");
+    for (int r = 0; r < 2; r++) {
+        terse_status s = (terse_status)o[r].u[0];
+        cr_expect_eq(o[r].u[1], 0, "rank %d: %llu calls returned TERSE_OK with a wrong sum", r,
+                     (unsigned long long)o[r].u[1]);
+        if (s != TERSE_OK) {
+            cr_expect(s == TERSE_ERR_AUTH || s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT,
+                      "rank %d: %s: %s", r, terse_status_name(s), o[r].err);
+            cr_expect(strstr(o[r].err, r ? "rank 0" : "rank 1"),
+                      "rank %d does not name its peer: %s", r, o[r].err);
+        }
+    }
+    tr_release(o);
+}
