@@ -152,7 +152,12 @@ Test(intruder, a_process_claiming_a_ranks_port_gets_no_wrong_sum_accepted_tcp) {
     unsetenv("TERSE_WIRE");
     attack a = {1, 20000, 4096, "low"};
     tr_job job = {"tcp", 2, 3000, 90, -1, NULL};
+    /* Seen once in about 40 runs: rank 0 crashed inside rxm. */
+    tr_known_segv = "libfabric 1.17's rxm keeps the queued messages of the connection it tore "
+                    "down for the impersonator, and crashes when a later receive matches a large "
+                    "one (SECURITY.md)";
     tr_out *o = tr_run(&job, attack_body, &a);
+    tr_known_segv = NULL;
     for (int r = 0; r < 2; r++)
         cr_log_info("rank %d: %llu calls, then %s: %s", r, (unsigned long long)o[r].u[2],
                     terse_status_name((terse_status)o[r].u[0]), o[r].err);

@@ -143,10 +143,10 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
     /* rxm accepts connections from any address and queues their messages
      * forever: sweep its unexpected queue (fabric_msg.c, "Strangers"). */
     f->sweep = strstr(f->provider, "ofi_rxm") != NULL && !getenv("TERSE_NO_SWEEP");
-    f->held_peer = -1;
-    f->rxm_eager = env_size("FI_OFI_RXM_EAGER_LIMIT", env_size("FI_OFI_RXM_BUFFER_SIZE", 16384));
-    f->rxm_sar = env_size("FI_OFI_RXM_SAR_LIMIT", 8 * f->rxm_eager);
-    if (f->rxm_sar < f->rxm_eager) f->rxm_sar = f->rxm_eager;
+    /* rxm's eager limit: its buffer size, or the eager limit if set lower. */
+    f->rxm_eager = env_size("FI_OFI_RXM_BUFFER_SIZE", 16384);
+    if (env_size("FI_OFI_RXM_EAGER_LIMIT", f->rxm_eager) < f->rxm_eager)
+        f->rxm_eager = env_size("FI_OFI_RXM_EAGER_LIMIT", f->rxm_eager);
     snprintf(f->domain_name, sizeof f->domain_name, "%s",
              f->info->domain_attr->name ? f->info->domain_attr->name : "?");
 

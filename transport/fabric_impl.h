@@ -84,14 +84,6 @@ typedef struct terse__fabric_early {
     uint8_t data[];
 } terse__fabric_early;
 
-/* One receive of the drain's (its bytes all go to one scratch buffer of
- * rxm's eager size: a stranger's larger message completes truncated). */
-#define TERSE__SCRAPS 16384
-typedef struct terse__fabric_scrap {
-    struct fi_context2 ctx;
-    int busy;
-} terse__fabric_scrap;
-
 /* Claims whose bytes are still on the way, at most (each may produce a
  * completion the CQ must have room for). */
 #define TERSE__EARLY_RECEIVING_MAX 32
@@ -172,33 +164,25 @@ struct terse__fabric {
 
     /* Strangers (fabric_msg.c): tcp;ofi_rxm queues a message from an
      * address that is no rank forever, so a sweep drops them. The peek in
-     * flight (its answer: found, tag, length); the rank's message held at
-     * the queue's head and since when; the early store (oldest first) and
-     * its bytes; receives filled from it, to complete; counts. */
+     * flight (its answer: found, tag, length); the early store (oldest
+     * first) and its bytes; receives filled from it, to complete; counts. */
     int sweep, sweeping;
-    size_t rxm_eager, rxm_sar; /* rxm's limits: eager up to the first, segments up to the second */
+    size_t rxm_eager; /* rxm's eager limit: larger messages are read from their sender */
     uint64_t sweep_last_ns;
     struct fi_context2 peek_ctx;
     void *peek_wait;
     int peek_state; /* 0 waiting, 1 found, 2 none */
     uint64_t peek_tag;
     size_t peek_len;
-    int held_peer; /* -1: none */
-    uint64_t held_tag, held_since;
-    size_t held_len;
     terse__fabric_early *early_head, *early_tail;
     size_t early_bytes, early_receiving;
     terse__fabric_slot *local_done;
     uint64_t stranger_drops, early_claimed, early_evicted;
-    /* The drain: its marker (tag, nonce; pending: still queued), and the
-     * small receives that take strangers' messages off the queue. */
-    uint64_t marker_rng, marker_tag;
-    uint8_t marker_nonce[16];
+    /* The drain: its marker (tag; pending: sent, not yet dropped) and
+     * until when strangers count as present. */
+    uint64_t marker_rng, marker_tag, marker_sent_ns;
     int marker_pending;
     uint64_t attack_until_ns;
-    struct terse__fabric_scrap *scraps;
-    size_t scraps_busy;
-    uint8_t *scrap_buf;
 
     /* The provider call in progress (a watchdog reads these from another
      * thread): when it started (0: none), which peer it concerns (-1: the

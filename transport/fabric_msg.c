@@ -37,7 +37,6 @@
  * (bounded so that new chunks are posted between batches). */
 #define CQ_BATCH 16
 #define CQ_ROUNDS 8
-#define DRAIN_BATCH 512 /* completions read per call while the drain's receives are out */
 /* Idle progress rounds before we start yielding the CPU: ranks often share
  * cores, and a peer that is descheduled cannot send us anything. After a
  * longer silence (a straggler, a dead peer awaiting its timeout) we also
@@ -155,11 +154,6 @@ void terse__fabric_release_ops(terse__fabric *f) {
     }
     f->early_tail = NULL;
     f->early_bytes = f->early_receiving = 0;
-    free(f->scraps);
-    free(f->scrap_buf);
-    f->scraps = NULL;
-    f->scrap_buf = NULL;
-    f->scraps_busy = 0;
     for (size_t i = 0; f->stage_mem && i < f->tx_slots + f->rx_slots; i++) f->slots[i].stage = NULL;
     for (size_t i = 0; f->stage_mem && i < f->nstage; i++)
         f->stage_free[i] = (uint8_t *)f->stage_mem + i * f->chunk_bytes;
@@ -208,31 +202,38 @@ static terse_status post_error(terse__fabric *f, terse__fabric_req *r, size_t ch
  * tcp;ofi_rxm accepts a connection from any address. A message that
  * arrives on one from an address that is no rank's matches no receive we
  * post (ours name their source), so rxm keeps it in its unexpected queue
- * forever: 70,000 messages of 4 KiB grew a rank by 1.1 GB. rxm cannot be
- * told to refuse them, and the queue is reachable only through peeks, so
- * at most once a millisecond the progress loop sweeps it:
+ * forever: 100,000 messages of 4 KiB grew a rank by 1.6 GB, and the
+ * queue's length made every receive so slow that the peer timed out. rxm
+ * cannot be told to refuse them, and the queue is reachable only through
+ * peeks, so the progress loop sweeps it:
  *
- *  - peek at the oldest message (any source): its tag and length;
- *  - peek for that tag from each rank: if no rank has a message with that
- *    tag queued, the oldest is a stranger's, and a discarding peek for
- *    that tag drops it (the first match is the oldest);
- *  - otherwise it may be a rank's message that arrived before we posted
- *    its receive, and the sweep stops there. If the same one still heads
- *    the queue HOLD_NS later (a forger posing as a rank can park messages
- *    there that no receive will ever take), the rank's message is claimed
- *    out of the queue into the early store: terse's own memory, at most
- *    EARLY_BUDGET bytes (oldest evicted, counted and logged), where the
- *    receive finds it when it is posted -- and authenticates it as if it
- *    had just arrived.
+ *  - every SWEEP_NS, a peek at the oldest message (any source). If no
+ *    other rank has a message with its tag queued, it is a stranger's (or
+ *    a marker of ours, see below): drain.
+ *  - A drain sends this rank a marker (an unguessable tag, chunk index
+ *    0xffff, which no chunk uses) and, once the marker is queued, moves
+ *    every rank's queued message out of the queue into the early store
+ *    (terse's memory, at most EARLY_BUDGET bytes, oldest evicted, where
+ *    the receive finds it when it is posted and authenticates it as if it
+ *    had just arrived). What is left ahead of the marker is strangers'
+ *    only: discarding peeks drop the oldest message until the marker.
+ *  - After a stranger's message, every progress round drains for
+ *    ATTACK_NS.
  *
- * Strangers' messages are therefore held for at most about one sweep
- * period's worth of what the provider reads, plus the store. The cost
- * without an attack is one peek per millisecond. */
+ * Only eager messages (at most rxm's eager limit) are moved: a claimed
+ * larger one makes rxm read it from its sender, and rxm 1.17 crashes when
+ * that sender's connection has closed. While a rank's larger message waits
+ * in the queue for its receive, the drain waits too. Discarding never
+ * reads, so a stranger's message of any size is dropped safely.
+ *
+ * The peak held during a fast flood is not bounded: every peek also runs
+ * rxm's progress, which reads more from the sockets (SECURITY.md). The
+ * cost without an attack is one peek per SWEEP_NS. */
 #define SWEEP_NS 100000000u
 #define SWEEP_MAX 16384
-#define HOLD_NS 20000000u
 #define EARLY_BUDGET ((size_t)32 << 20)
-#define ATTACK_NS 1000000000u /* drain every sweep this long after a stranger's message */
+#define ATTACK_NS 1000000000u   /* drain every round this long after a stranger's message */
+#define MARKER_LOST_NS 1000000000u /* a marker not seen this long is given up */
 
 static terse__fabric_early *early_find(terse__fabric *f, int peer, uint64_t tag,
                                        terse__fabric_early **prev) {
@@ -597,19 +598,6 @@ static terse_status complete(terse__fabric *f, terse__fabric_slot *s, size_t got
     return TERSE_OK;
 }
 
-static int is_scrap(const terse__fabric *f, const void *ctx) {
-    const terse__fabric_scrap *x = ctx;
-    return f->scraps && x >= f->scraps && x < f->scraps + TERSE__SCRAPS;
-}
-
-static void scrap_done(terse__fabric *f, void *ctx) {
-    terse__fabric_scrap *x = ctx;
-    if (x->busy) {
-        x->busy = 0;
-        f->scraps_busy--;
-    }
-}
-
 static int is_slot(const terse__fabric *f, const void *ctx) {
     const terse__fabric_slot *s = ctx;
     return s >= f->slots && s < f->slots + f->tx_slots + f->rx_slots;
@@ -632,10 +620,6 @@ static void early_done(terse__fabric *f, void *ctx, size_t len, int failed) {
 
 /* A completion that is not a posted chunk's: a peek's answer or a claim's. */
 static void other_done(terse__fabric *f, const struct fi_cq_tagged_entry *ent) {
-    if (is_scrap(f, ent->op_context)) {
-        scrap_done(f, ent->op_context);
-        return;
-    }
     if (ent->op_context == f->peek_wait && f->peek_state == 0) {
         f->peek_state = 1;
         f->peek_tag = ent->tag;
@@ -657,8 +641,7 @@ static terse_status complete_error(terse__fabric *f) {
     /* Some providers (shm in 1.17) report err negated. */
     int err = e.err < 0 ? -e.err : e.err;
     if (e.op_context && !is_slot(f, e.op_context)) { /* a peek found nothing, or a claim failed */
-        if (is_scrap(f, e.op_context)) scrap_done(f, e.op_context); /* truncated: as meant */
-        else if (e.op_context == f->peek_wait && f->peek_state == 0) f->peek_state = 2;
+        if (e.op_context == f->peek_wait && f->peek_state == 0) f->peek_state = 2;
         else early_done(f, e.op_context, 0, 1);
         return TERSE_OK;
     }
@@ -707,14 +690,10 @@ static terse_status complete_error(terse__fabric *f) {
 /* Drain the CQ (manual progress happens inside fi_cq_read). *events
  * counts completions seen. */
 static terse_status read_cq(terse__fabric *f, size_t *events) {
-    struct fi_cq_tagged_entry ent[DRAIN_BATCH];
-    /* The drain's receives complete in bulk: read them in big batches
-     * (every fi_cq_read also reads more from the sockets). */
-    const size_t batch = f->scraps_busy ? DRAIN_BATCH : CQ_BATCH;
-    const int rounds = f->scraps_busy ? 16 : CQ_ROUNDS;
-    for (int round = 0; round < rounds; round++) {
+    struct fi_cq_tagged_entry ent[CQ_BATCH];
+    for (int round = 0; round < CQ_ROUNDS; round++) {
         terse__fabric_enter(f, -1, "fi_cq_read");
-        ssize_t n = fi_cq_read(f->cq, ent, batch);
+        ssize_t n = fi_cq_read(f->cq, ent, CQ_BATCH);
         terse__fabric_leave(f);
         if (atomic_load(&f->abandoned)) return abandoned(f);
         if (n == -FI_EAGAIN) return TERSE_OK;
@@ -728,13 +707,14 @@ static terse_status read_cq(terse__fabric *f, size_t *events) {
         for (ssize_t k = 0; k < n; k++) {
             /* Only our posted chunks carry a context (inject has none). */
             if (!ent[k].op_context) continue;
-            if (is_slot(f, ent[k].op_context))
+            if (is_slot(f, ent[k].op_context)) {
                 TERSE_CHECK(complete(f, ent[k].op_context, ent[k].len));
-            else
+                (*events)++; /* only our chunks count as progress: a flood must not */
+            } else {
                 other_done(f, &ent[k]);
+            }
         }
-        *events += (size_t)n;
-        if ((size_t)n < batch) return TERSE_OK;
+        if (n < CQ_BATCH) return TERSE_OK;
     }
     return TERSE_OK;
 }
@@ -779,9 +759,9 @@ static void early_evict(terse__fabric *f) {
         uint64_t n = ++f->early_evicted;
         if ((n & (n - 1)) == 0)
             fprintf(stderr,
-                    "terse: rank %d: the store for messages claimed from the provider's queue is "
-                    "full (%zu MiB): dropped the oldest, %zu bytes claiming to come from rank %d "
-                    "(tag %#llx; %llu dropped so far)\n",
+                    "terse: rank %d: the store for messages moved out of the provider's queue is "
+                    "full (%zu MiB): dropped the oldest, %zu bytes from rank %d (tag %#llx; %llu "
+                    "dropped so far); its receive will time out\n",
                     f->rank, EARLY_BUDGET >> 20, e->len, e->peer, (unsigned long long)e->tag,
                     (unsigned long long)n);
         early_unlink(f, e, prev);
@@ -790,32 +770,45 @@ static void early_evict(terse__fabric *f) {
     }
 }
 
-/* Move peer's oldest message with tag (len bytes) out of the provider's
- * queue into the early store. */
+/* Post the receive of a claimed message into its entry; -FI_EAGAIN (rxm
+ * is out of receive entries) leaves it claimed, to be posted again. */
+static terse_status claim_post(terse__fabric *f, terse__fabric_early *e) {
+    struct iovec iov = {e->data, e->len};
+    struct fi_msg_tagged m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = e->len ? &iov : NULL;
+    m.iov_count = e->len ? 1 : 0;
+    m.addr = f->addrs[e->peer];
+    m.tag = e->tag;
+    m.context = &e->ctx;
+    terse__fabric_enter(f, e->peer, "fi_trecvmsg(FI_CLAIM)");
+    ssize_t ret = fi_trecvmsg(f->ep, &m, FI_CLAIM);
+    terse__fabric_leave(f);
+    if (atomic_load(&f->abandoned)) return abandoned(f);
+    if (ret == -FI_EAGAIN) return TERSE_OK; /* still TERSE__EARLY_CLAIMING */
+    if (ret != 0) {
+        early_done(f, e, 0, 1);
+        return TERSE_OK;
+    }
+    e->state = TERSE__EARLY_RECEIVING;
+    f->early_receiving++;
+    return TERSE_OK;
+}
+
+/* Move peer's oldest queued message (tag, len bytes: eager) into the
+ * early store; *removed says whether it left the queue. */
 static terse_status claim(terse__fabric *f, int peer, uint64_t tag, size_t len, int *removed) {
     terse_status st = TERSE_OK;
     *removed = 0;
-    const size_t extra = f->mac ? TERSE__WIRE_MAC : 0;
-    if (len > f->chunk_bytes + extra) { /* no rank sends that: drop it */
-        int got = peek(f, f->addrs[peer], tag, 0, FI_DISCARD, &f->peek_ctx, &st);
-        if (got < 0) return st;
-        if (f->auth_fail) f->auth_fail[peer]++;
-        else f->stranger_drops++;
-        *removed = got;
+    if (len > f->rxm_eager || f->register_mr || f->early_receiving >= TERSE__EARLY_RECEIVING_MAX)
         return TERSE_OK;
-    }
-    /* rxm sends what is over its eager limit and up to its SAR limit in
-     * segments, each queued on its own; a claim takes only the first, so
-     * such a message stays queued (and the sweep stops at it). */
-    if (len > f->rxm_eager && len <= f->rxm_sar) return TERSE_OK;
-    if (f->register_mr || f->early_receiving >= TERSE__EARLY_RECEIVING_MAX) return TERSE_OK;
     while (f->early_bytes + len > EARLY_BUDGET) {
         size_t before = f->early_bytes;
         early_evict(f);
-        if (f->early_bytes == before) return TERSE_OK; /* all still receiving */
+        if (f->early_bytes == before) return TERSE_OK; /* all still on the way */
     }
     terse__fabric_early *e = malloc(sizeof *e + (len ? len : 1));
-    if (!e) return TERSE_OK; /* it stays queued; the next sweep tries again */
+    if (!e) return TERSE_OK; /* it stays queued; the next drain tries again */
     memset(e, 0, sizeof *e);
     e->peer = peer;
     e->tag = tag;
@@ -826,41 +819,35 @@ static terse_status claim(terse__fabric *f, int peer, uint64_t tag, size_t len, 
         free(e);
         return got < 0 ? st : TERSE_OK;
     }
-    int fits = f->peek_len <= len;
-    struct iovec iov = {e->data, fits ? f->peek_len : 0};
-    struct fi_msg_tagged m;
-    memset(&m, 0, sizeof m);
-    m.msg_iov = fits && f->peek_len ? &iov : NULL;
-    m.iov_count = fits && f->peek_len ? 1 : 0;
-    m.addr = f->addrs[peer];
-    m.tag = tag;
-    m.context = &e->ctx;
-    e->state = fits ? TERSE__EARLY_RECEIVING : TERSE__EARLY_DISCARDING;
+    /* The claim took peer's oldest message with this tag: the one looked
+     * at, so of this length. Never receive into less, all the same. */
+    if (f->peek_len < len) e->len = f->peek_len;
+    if (f->peek_len > len) e->state = TERSE__EARLY_DISCARDING;
     if (f->early_tail) f->early_tail->next = e;
     else f->early_head = e;
     f->early_tail = e;
     f->early_bytes += e->len;
-    if (fits) f->early_receiving++;
     f->early_claimed++;
     *removed = 1;
-    terse__fabric_enter(f, peer, "fi_trecvmsg(FI_CLAIM)");
-    ssize_t ret = fi_trecvmsg(f->ep, &m, FI_CLAIM | (fits ? 0 : FI_DISCARD));
-    terse__fabric_leave(f);
-    if (atomic_load(&f->abandoned)) return abandoned(f);
-    if (ret != 0) early_done(f, e, 0, 1);
-    return TERSE_OK;
-}
-
-/* Is the head (tag, len) the oldest queued message of some rank? Sets
- * *owner (-1: of none). One scan of the queue per rank. */
-static terse_status head_owner(terse__fabric *f, uint64_t tag, size_t len, int *owner) {
-    terse_status st = TERSE_OK;
-    *owner = -1;
-    if (f->held_peer >= 0 && f->held_tag == tag && f->held_len == len) {
-        *owner = f->held_peer;
+    if (e->state == TERSE__EARLY_DISCARDING) { /* dropped; its receive times out naming peer */
+        struct fi_msg_tagged m;
+        memset(&m, 0, sizeof m);
+        m.addr = f->addrs[peer];
+        m.tag = tag;
+        m.context = &e->ctx;
+        if (fi_trecvmsg(f->ep, &m, FI_CLAIM | FI_DISCARD) != 0) early_done(f, e, 0, 1);
         return TERSE_OK;
     }
+    return claim_post(f, e);
+}
+
+/* Does another rank have a message with this tag queued? *owner: which
+ * (-1: none). One scan of the queue per rank. */
+static terse_status head_owner(terse__fabric *f, uint64_t tag, int *owner) {
+    terse_status st = TERSE_OK;
+    *owner = -1;
     for (int p = 0; p < f->nranks; p++) {
+        if (p == f->rank) continue; /* ranks send themselves nothing but markers */
         int got = peek(f, f->addrs[p], tag, 0, 0, &f->peek_ctx, &st);
         if (got < 0) return st;
         if (got) {
@@ -880,82 +867,56 @@ static void count_stranger(terse__fabric *f) {
                 f->rank, (unsigned long long)n, n == 1 ? "" : "s");
 }
 
-/* The head is a stranger's: take every stranger's message ahead of a
- * marker we send ourselves off the queue, without reading more from the
- * sockets meanwhile (every peek does: a drain by peeks falls behind a
- * flood). First every rank's queued messages are claimed into the early
- * store, once the marker has arrived, so what is left ahead of the marker
- * is strangers' only. Then small wildcard receives take the head, one
- * each, at once and without progress, until one of them holds the
- * marker's nonce. Cost: a scan of the queue per rank, then one post per
- * message dropped. */
+/* See "Strangers" above. */
 static terse_status drain(terse__fabric *f) {
     terse_status st = TERSE_OK;
-    if (!f->scraps) {
-        f->scraps = calloc(TERSE__SCRAPS, sizeof *f->scraps);
-        f->scrap_buf = malloc(f->rxm_eager > 16 ? f->rxm_eager : 16);
-        if (!f->scraps || !f->scrap_buf) {
-            free(f->scraps), free(f->scrap_buf);
-            f->scraps = NULL, f->scrap_buf = NULL;
-            return TERSE_OK;
-        }
-    }
+    const uint64_t now = terse__now_ns();
+    if (f->marker_pending && now - f->marker_sent_ns > MARKER_LOST_NS) f->marker_pending = 0;
     if (!f->marker_pending) {
-        uint64_t x = f->marker_rng ? f->marker_rng : (terse__now_ns() | 1) ^ ((uint64_t)f->rank << 32);
-        for (int i = 0; i < 3; i++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            if (i < 2) memcpy(f->marker_nonce + 8 * i, &x, 8);
-        }
+        uint64_t x = f->marker_rng ? f->marker_rng : (now | 1) ^ ((uint64_t)f->rank << 32);
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         f->marker_rng = x;
         f->marker_tag = TERSE__MARKER_CHUNK | (x & (((uint64_t)1 << TERSE__TAG_BITS) - 1));
+        static const uint8_t none = 0;
         terse__fabric_enter(f, f->rank, "fi_tinject");
-        ssize_t ret = fi_tinject(f->ep, f->marker_nonce, sizeof f->marker_nonce,
-                                 f->addrs[f->rank], f->marker_tag);
+        ssize_t ret = fi_tinject(f->ep, &none, 0, f->addrs[f->rank], f->marker_tag);
         terse__fabric_leave(f);
         if (atomic_load(&f->abandoned)) return abandoned(f);
-        if (ret != 0) return TERSE_OK; /* -FI_EAGAIN (connecting to ourselves): next sweep */
+        if (ret != 0) return TERSE_OK; /* -FI_EAGAIN (connecting to ourselves): next round */
         f->marker_pending = 1;
+        f->marker_sent_ns = now;
     }
-    int got = 0;
-    /* It arrives within our own progress; one look per drain (each look
-     * scans the queue and reads more from the sockets). */
-    /* Any source: the tag is unguessable, and the match skips rxm's
-     * per-message source lookup. */
-    got = peek(f, FI_ADDR_UNSPEC, f->marker_tag, 0, 0, &f->peek_ctx, &st);
-    if (got < 0) return st;
-    if (!got) return TERSE_OK; /* not queued yet: a later sweep goes on */
-    /* Every rank's queued message into the store (they are few: what
-     * arrived before its receive was posted). */
+    /* The marker arrives within our own progress: one look per drain
+     * (each look scans the queue and reads more from the sockets). Any
+     * source: the tag is unguessable. */
+    int got = peek(f, FI_ADDR_UNSPEC, f->marker_tag, 0, 0, &f->peek_ctx, &st);
+    if (got <= 0) return got < 0 ? st : TERSE_OK;
+    /* Claims rxm had no room to post yet go first. */
+    for (terse__fabric_early *e = f->early_head; e; e = e->next)
+        if (e->state == TERSE__EARLY_CLAIMING) {
+            TERSE_CHECK(claim_post(f, e));
+            if (e->state == TERSE__EARLY_CLAIMING) return TERSE_OK; /* still no room */
+        }
+    /* Every rank's queued message into the store. */
     for (int p = 0; p < f->nranks; p++) {
-        if (p == f->rank) continue; /* ranks send nothing to themselves, but the marker */
+        if (p == f->rank) continue;
         for (int k = 0;; k++) {
             got = peek(f, f->addrs[p], 0, ~(uint64_t)0, 0, &f->peek_ctx, &st);
             if (got < 0) return st;
             if (!got) break;
             int removed = 0;
             TERSE_CHECK(claim(f, p, f->peek_tag, f->peek_len, &removed));
-            if (!removed || k > 256) return TERSE_OK; /* cannot: stop here */
+            if (!removed || k > 256) return TERSE_OK; /* it waits for its receive: so do we */
         }
     }
-    /* Strangers' only, up to the marker. */
-    terse__fabric_scrap *x = f->scraps;
+    /* Strangers' only, up to the marker: discard the oldest (a discard
+     * never reads from the sender, whatever the size). */
     for (int k = 0; k < SWEEP_MAX; k++) {
-        while (x < f->scraps + TERSE__SCRAPS && x->busy) x++;
-        if (x == f->scraps + TERSE__SCRAPS) break; /* all still busy: a later sweep */
-        memset(f->scrap_buf, 0, sizeof f->marker_nonce);
-        terse__fabric_enter(f, -1, "fi_trecv");
-        ssize_t ret = fi_trecv(f->ep, f->scrap_buf, f->rxm_eager, NULL, FI_ADDR_UNSPEC, 0,
-                               ~(uint64_t)0, &x->ctx);
-        terse__fabric_leave(f);
-        if (atomic_load(&f->abandoned)) return abandoned(f);
-        if (ret != 0) break;
-        x->busy = 1;
-        f->scraps_busy++;
-        /* An eager message is copied in before fi_trecv returns; the
-         * marker is one. (A larger stranger's lands later, truncated.) */
-        if (memcmp(f->scrap_buf, f->marker_nonce, sizeof f->marker_nonce) == 0) {
+        got = peek(f, FI_ADDR_UNSPEC, 0, ~(uint64_t)0, FI_DISCARD, &f->peek_ctx, &st);
+        if (got <= 0) return got < 0 ? st : TERSE_OK;
+        if (f->peek_tag == f->marker_tag) {
             f->marker_pending = 0;
-            break;
+            return TERSE_OK;
         }
         count_stranger(f);
         f->attack_until_ns = terse__now_ns() + ATTACK_NS;
@@ -963,46 +924,22 @@ static terse_status drain(terse__fabric *f) {
     return TERSE_OK;
 }
 
-/* The sweep (see "Strangers" above). */
 static terse_status sweep(terse__fabric *f) {
     uint64_t now = terse__now_ns();
-    /* Strangers were seen lately: drain every time, whatever heads the
-     * queue (a rank's early message there would shelter them), and as
-     * often as progress runs (a flood arrives as fast as we read). */
+    /* Strangers were seen lately: drain every round, whatever heads the
+     * queue (a rank's early message there would shelter them). */
     if (now < f->attack_until_ns) return drain(f);
     if (now - f->sweep_last_ns < SWEEP_NS) return TERSE_OK;
     f->sweep_last_ns = now;
     terse_status st = TERSE_OK;
-    for (int k = 0; k < 4; k++) {
-        int got = peek(f, FI_ADDR_UNSPEC, 0, ~(uint64_t)0, 0, &f->peek_ctx, &st);
-        if (got < 0) return st;
-        if (!got) {
-            f->held_peer = -1;
-            return TERSE_OK;
-        }
-        uint64_t tag = f->peek_tag;
-        size_t len = f->peek_len;
-        int owner;
-        TERSE_CHECK(head_owner(f, tag, len, &owner));
-        if (owner < 0) {
-            f->held_peer = -1;
-            TERSE_CHECK(drain(f));
-            continue; /* the head is now a rank's, or the marker's successor */
-        }
-        if (f->held_peer != owner || f->held_tag != tag || f->held_len != len) {
-            f->held_peer = owner; /* may be early: give its receive time to be posted */
-            f->held_tag = tag;
-            f->held_len = len;
-            f->held_since = now;
-            return TERSE_OK;
-        }
-        if (now - f->held_since < HOLD_NS) return TERSE_OK;
-        f->held_peer = -1;
-        int removed = 0;
-        TERSE_CHECK(claim(f, owner, tag, len, &removed));
-        if (!removed) return TERSE_OK; /* could not: try next sweep */
-    }
-    return TERSE_OK;
+    int got = peek(f, FI_ADDR_UNSPEC, 0, ~(uint64_t)0, 0, &f->peek_ctx, &st);
+    if (got <= 0) return got < 0 ? st : TERSE_OK;
+    if ((f->peek_tag & TERSE__MARKER_CHUNK) == TERSE__MARKER_CHUNK) return drain(f);
+    int owner;
+    TERSE_CHECK(head_owner(f, f->peek_tag, &owner));
+    /* A rank's message waits there for its receive; anything else is a
+     * stranger's. */
+    return owner < 0 ? drain(f) : TERSE_OK;
 }
 
 /* Receives filled from the early store complete here, then (rxm) the
