@@ -536,6 +536,11 @@ typedef struct terse_comm terse_comm;
  *   TERSE_PROGRESS          thread (default) | caller: see Progress below.
  *   TERSE_FABRIC_REGISTER=1 register every buffer even when the provider
  *                           does not require it (for testing).
+ *   TERSE_SWEEP=1           tcp;ofi_rxm: drop messages from addresses that
+ *                           are no rank (rxm queues them forever; counted in
+ *                           stats.stranger_drops). Experimental and off by
+ *                           default: under a flood on a loaded machine a
+ *                           rank crashed inside rxm in some runs (SECURITY.md).
  *   TERSE_SIMD              scalar | avx2: cap the SIMD level of the codecs.
  */
 typedef struct terse_comm_config {

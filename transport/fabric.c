@@ -141,8 +141,11 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
     TERSE_CHECK_GOTO(terse__fabric_select(provider, same_host, rank, &f->info), st, fail);
     snprintf(f->provider, sizeof f->provider, "%s", f->info->fabric_attr->prov_name);
     /* rxm accepts connections from any address and queues their messages
-     * forever: sweep its unexpected queue (fabric_msg.c, "Strangers"). */
-    f->sweep = strstr(f->provider, "ofi_rxm") != NULL && !getenv("TERSE_NO_SWEEP");
+     * forever: TERSE_SWEEP=1 sweeps its unexpected queue (fabric_msg.c,
+     * "Strangers"; off by default, see terse.h). */
+    int sweep = 0;
+    TERSE_CHECK_GOTO(terse__env_choice("TERSE_SWEEP", flags, 0, &sweep), st, fail);
+    f->sweep = sweep && strstr(f->provider, "ofi_rxm") != NULL;
     /* rxm's eager limit: its buffer size, or the eager limit if set lower. */
     f->rxm_eager = env_size("FI_OFI_RXM_BUFFER_SIZE", 16384);
     if (env_size("FI_OFI_RXM_EAGER_LIMIT", f->rxm_eager) < f->rxm_eager)
