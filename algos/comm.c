@@ -519,15 +519,12 @@ terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) 
     if ((s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT) && c->store && !c->store_said &&
         !terse__fabric_is_abandoned(c->fabric))
         s = explain(c, s);
+    /* The transport's own counts, mirrored into the stats. */
     uint64_t forged = terse__fabric_auth_failures(c->fabric, -1);
-    if (forged != c->stats.auth_failures) {
+    uint64_t strangers = terse__fabric_stranger_drops(c->fabric);
+    if (forged != c->stats.auth_failures || strangers != c->stats.stranger_drops) {
         pthread_mutex_lock(&c->stats_lock);
         c->stats.auth_failures = forged;
-        pthread_mutex_unlock(&c->stats_lock);
-    }
-    uint64_t strangers = terse__fabric_stranger_drops(c->fabric);
-    if (strangers != c->stats.stranger_drops) {
-        pthread_mutex_lock(&c->stats_lock);
         c->stats.stranger_drops = strangers;
         pthread_mutex_unlock(&c->stats_lock);
     }

@@ -147,9 +147,9 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
     TERSE_CHECK_GOTO(terse__env_choice("TERSE_SWEEP", flags, 0, &sweep), st, fail);
     f->sweep = sweep && strstr(f->provider, "ofi_rxm") != NULL;
     /* rxm's eager limit: its buffer size, or the eager limit if set lower. */
-    f->rxm_eager = env_size("FI_OFI_RXM_BUFFER_SIZE", 16384);
-    if (env_size("FI_OFI_RXM_EAGER_LIMIT", f->rxm_eager) < f->rxm_eager)
-        f->rxm_eager = env_size("FI_OFI_RXM_EAGER_LIMIT", f->rxm_eager);
+    const size_t rxm_buffer = env_size("FI_OFI_RXM_BUFFER_SIZE", 16384);
+    const size_t rxm_limit = env_size("FI_OFI_RXM_EAGER_LIMIT", rxm_buffer);
+    f->rxm_eager = rxm_limit < rxm_buffer ? rxm_limit : rxm_buffer;
     snprintf(f->domain_name, sizeof f->domain_name, "%s",
              f->info->domain_attr->name ? f->info->domain_attr->name : "?");
 

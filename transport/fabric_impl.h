@@ -70,10 +70,10 @@ typedef struct terse__fabric_slot {
     struct terse__fabric_slot *local_next; /* ... and the next such slot to complete */
 } terse__fabric_slot;
 
-/* A message of a rank's that sat at the head of the provider's unexpected
- * queue too long, claimed out of it into terse's memory (fabric_msg.c,
- * "Strangers") until the receive it belongs to is posted. ctx first: the
- * provider hands it back in the claim's completions. */
+/* A rank's message that a drain moved out of the provider's unexpected
+ * queue into terse's memory (fabric_msg.c, "Strangers"), kept until the
+ * receive it belongs to is posted. ctx first: the provider hands it back
+ * in the claim's completions. */
 typedef struct terse__fabric_early {
     struct fi_context2 ctx;
     struct terse__fabric_early *next;
@@ -163,7 +163,7 @@ struct terse__fabric {
     unsigned tamper_every, tamper_count;
 
     /* Strangers (fabric_msg.c): tcp;ofi_rxm queues a message from an
-     * address that is no rank forever, so a sweep drops them. The peek in
+     * address that is no rank forever, so a sweep (TERSE_SWEEP=1) drops them. The peek in
      * flight (its answer: found, tag, length); the early store (oldest
      * first) and its bytes; receives filled from it, to complete; counts. */
     int sweep, sweeping;
@@ -177,7 +177,7 @@ struct terse__fabric {
     terse__fabric_early *early_head, *early_tail;
     size_t early_bytes, early_receiving;
     terse__fabric_slot *local_done;
-    uint64_t stranger_drops, early_claimed, early_evicted;
+    uint64_t stranger_drops, early_evicted;
     /* The drain: its marker (tag; pending: sent, not yet dropped) and
      * until when strangers count as present. */
     uint64_t marker_rng, marker_tag, marker_sent_ns;

@@ -205,7 +205,8 @@ static terse_status post_error(terse__fabric *f, terse__fabric_req *r, size_t ch
  * forever: 100,000 messages of 4 KiB grew a rank by 1.6 GB, and the
  * queue's length made every receive so slow that the peer timed out. rxm
  * cannot be told to refuse them, and the queue is reachable only through
- * peeks, so the progress loop sweeps it:
+ * peeks, so with TERSE_SWEEP=1 (off by default: SECURITY.md says why) the
+ * progress loop sweeps it:
  *
  *  - every SWEEP_NS, a peek at the oldest message (any source). If no
  *    other rank has a message with its tag queued, it is a stranger's (or
@@ -770,28 +771,32 @@ static void early_evict(terse__fabric *f) {
     }
 }
 
-/* Post the receive of a claimed message into its entry; -FI_EAGAIN (rxm
- * is out of receive entries) leaves it claimed, to be posted again. */
+/* Post the receive of a claimed message into its entry (or, for one
+ * marked DISCARDING, drop it); -FI_EAGAIN (rxm is out of receive entries)
+ * leaves it claimed, to be posted again. */
 static terse_status claim_post(terse__fabric *f, terse__fabric_early *e) {
+    const int drop = e->state == TERSE__EARLY_DISCARDING;
     struct iovec iov = {e->data, e->len};
     struct fi_msg_tagged m;
     memset(&m, 0, sizeof m);
-    m.msg_iov = e->len ? &iov : NULL;
-    m.iov_count = e->len ? 1 : 0;
+    m.msg_iov = e->len && !drop ? &iov : NULL;
+    m.iov_count = e->len && !drop ? 1 : 0;
     m.addr = f->addrs[e->peer];
     m.tag = e->tag;
     m.context = &e->ctx;
     terse__fabric_enter(f, e->peer, "fi_trecvmsg(FI_CLAIM)");
-    ssize_t ret = fi_trecvmsg(f->ep, &m, FI_CLAIM);
+    ssize_t ret = fi_trecvmsg(f->ep, &m, FI_CLAIM | (drop ? FI_DISCARD : 0));
     terse__fabric_leave(f);
     if (atomic_load(&f->abandoned)) return abandoned(f);
-    if (ret == -FI_EAGAIN) return TERSE_OK; /* still TERSE__EARLY_CLAIMING */
+    if (ret == -FI_EAGAIN && !drop) return TERSE_OK; /* still TERSE__EARLY_CLAIMING */
     if (ret != 0) {
         early_done(f, e, 0, 1);
         return TERSE_OK;
     }
-    e->state = TERSE__EARLY_RECEIVING;
-    f->early_receiving++;
+    if (!drop) {
+        e->state = TERSE__EARLY_RECEIVING;
+        f->early_receiving++;
+    }
     return TERSE_OK;
 }
 
@@ -827,17 +832,7 @@ static terse_status claim(terse__fabric *f, int peer, uint64_t tag, size_t len, 
     else f->early_head = e;
     f->early_tail = e;
     f->early_bytes += e->len;
-    f->early_claimed++;
-    *removed = 1;
-    if (e->state == TERSE__EARLY_DISCARDING) { /* dropped; its receive times out naming peer */
-        struct fi_msg_tagged m;
-        memset(&m, 0, sizeof m);
-        m.addr = f->addrs[peer];
-        m.tag = tag;
-        m.context = &e->ctx;
-        if (fi_trecvmsg(f->ep, &m, FI_CLAIM | FI_DISCARD) != 0) early_done(f, e, 0, 1);
-        return TERSE_OK;
-    }
+    *removed = 1; /* a DISCARDING one is dropped: its receive times out naming peer */
     return claim_post(f, e);
 }
 
