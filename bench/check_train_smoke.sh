@@ -88,6 +88,40 @@ if run dense2 && run topk2 --codec topk:ratio=0.01,ef=1; then
     done
 fi
 
+# 3b. The schedule is applied: a constant lr (--schedule none) ends elsewhere
+#     than the default cosine decay, on the same seed and bytes.
+if run const --schedule none; then
+    a=$(final_field "$tmp/dense.csv" 9)
+    b=$(final_field "$tmp/const.csv" 9)
+    [[ $a != "$b" ]] || bad "--schedule none ended at the same accuracy as cosine ($a)"
+fi
+
+# 3c. The CNN trains, and PowerSGD compresses its kernel k2 and w3.
+if run cnn --model cnn --codec powersgd:rank=2,ef=1; then
+    expect_acc cnn 65
+    expect_ratio cnn 5 100
+fi
+
+# 3d. Accordion between PowerSGD rank 4 and rank 1, deciding every 50 steps:
+#     the first interval is mild, so it sends more than rank 1 alone; it
+#     said which intervals were mild; and it sends less than rank 4 alone.
+if run r1 --codec powersgd:rank=1,ef=1 && run r4 --codec powersgd:rank=4,ef=1 &&
+   "$bench" train --train-limit 19200 --test-limit 2000 --epochs 2 --csv \
+       --adapt accordion:low=powersgd:rank=4,ef=1,high=powersgd:rank=1,ef=1,every=50 \
+       >"$tmp/acc.csv" 2>"$tmp/acc.err"; then
+    b1=$(final_field "$tmp/r1.csv" 12)
+    b4=$(final_field "$tmp/r4.csv" 12)
+    ba=$(final_field "$tmp/acc.csv" 12)
+    awk -v a="$ba" -v lo="$b1" -v hi="$b4" 'BEGIN { exit !(a > lo && a < hi) }' ||
+        bad "accordion sent $ba bytes, not strictly between rank 1's $b1 and rank 4's $b4"
+    grep -q "accordion: .*per interval of 50 steps: M[Ma]*a" "$tmp/acc.err" ||
+        { bad "accordion: no interval log, or never aggressive"; cat "$tmp/acc.err"; }
+    expect_acc acc 65
+else
+    bad "the accordion runs exited non-zero"
+    cat "$tmp/acc.err" 2>/dev/null
+fi
+
 # 4. The softmax model, dense.
 if run softmax --model softmax; then
     expect_acc softmax 65
@@ -115,11 +149,26 @@ if run ps_async --mode ps:async --servers 2 --workers 3 --straggler 2:2 --moment
     expect_acc ps_async 60
 fi
 
-# 6. A tiny sweep: every configuration gets a row, and the plot is drawn.
-if "$bench" train --sweep --seeds 1 --train-limit 2560 --test-limit 500 --epochs 1 -q \
-        --plot "$tmp/sweep.png" >"$tmp/sweep.txt" 2>"$tmp/sweep.err"; then
+# 6. A tiny sweep over 3 seeds: every configuration gets a row, the plot is
+#    drawn, and a row's paired interval is what the same runs' CSV gives
+#    (the runs are deterministic) by hand: mean of (row - dense) per seed,
+#    +- t(0.975, 2) = 4.303 x sd / sqrt(3).
+tiny=(--sweep --seeds 3 --train-limit 2560 --test-limit 500 --epochs 1 -q)
+if "$bench" train "${tiny[@]}" --plot "$tmp/sweep.png" >"$tmp/sweep.txt" 2>"$tmp/sweep.err" &&
+   "$bench" train "${tiny[@]}" --csv --plot "$tmp/sweep2.png" >"$tmp/sweep.csv" 2>>"$tmp/sweep.err"; then
     rows=$(grep -cE '^[a-z].* (no|yes) ' "$tmp/sweep.txt")
-    [[ $rows == 29 ]] || { bad "sweep: expected 29 rows, got $rows"; cat "$tmp/sweep.txt"; }
+    [[ $rows == 28 ]] || { bad "sweep: expected 28 rows, got $rows"; cat "$tmp/sweep.txt"; }
+    # CSV: 2 group (0 is dense), 3 seed, 4 ef, 8 final, 9 test_acc, 19 label.
+    want=$(awk -F, 'NR > 1 && $8 == 1 && $2 == 0 { d[$3] = $9 }
+                    NR > 1 && $8 == 1 && $4 == 1 && $19 == "\"qsgd 4-bit\"" { r[$3] = $9 }
+                    END { n = 0; for (s in r) { x[++n] = r[s] - d[s]; m += x[n] } m /= n
+                          for (i = 1; i <= n; i++) v += (x[i] - m) ^ 2
+                          h = 4.303 * sqrt(v / (n - 1) / n)
+                          printf "%+.2f [%+.2f,%+.2f]", m, m - h, m + h }' "$tmp/sweep.csv")
+    got=$(awk '/^qsgd 4-bit +yes / { print $(NF - 8), $(NF - 7) }' "$tmp/sweep.txt")
+    [[ $got == "$want" ]] ||
+        { bad "sweep: qsgd 4-bit +EF shows '$got', the CSV gives '$want'"; cat "$tmp/sweep.txt"; }
+    grep -q "^accordion r4/r2 " "$tmp/sweep.txt" || bad "sweep: no accordion row"
     if [[ ! -s $tmp/sweep.png ]] || [[ $(head -c 4 "$tmp/sweep.png" | od -An -tx1 | tr -d ' ') != 89504e47 ]]; then
         bad "sweep: no PNG written"
         cat "$tmp/sweep.err"
@@ -189,7 +238,16 @@ expect_fail() { # status pattern args...
 expect_fail 2 "bogus" --codec bogus:ratio=1
 expect_fail 2 "frobnicate" --codec topk:frobnicate=1
 expect_fail 2 "--codec-for" --codec-for w9=int8
-expect_fail 2 "expected softmax or mlp" --model cnn
+expect_fail 2 "expected softmax, mlp or cnn" --model resnet
+expect_fail 2 "expected none, cosine or step" --schedule linear
+expect_fail 2 "expected none, cosine or step" --schedule step:0.7,0.5
+expect_fail 2 "--warmup" --warmup 0.9
+expect_fail 2 "server's constant learning rate" --mode ps:sync --schedule cosine
+expect_fail 2 "expected accordion:low=SPEC,high=SPEC" --adapt accordion:low=int8
+expect_fail 2 "expected accordion:low=SPEC,high=SPEC" --adapt accordion:low=int8,high=dense
+expect_fail 2 "drop --codec" --adapt accordion:low=int8,high=sign --codec fp16
+expect_fail 2 "adapt high" --adapt accordion:low=int8,high=bogus
+expect_fail 2 "tensor of the cnn model (k1 c1" --model cnn --codec-for w1=int8
 expect_fail 2 "localsgd" --mode localsgd:0
 expect_fail 2 "clip=C,noise=S" --dp clip=1
 expect_fail 2 "unknown option" --frobnicate

@@ -15,11 +15,16 @@
 #include "train.h"
 
 #define WHO "terse-bench train"
-/* The sweep's defaults: seeds per configuration (one seed's final accuracy
- * moves by about a point at this learning rate), and the codec of the
- * small-tensor bucket in compressed runs. */
-#define TRAIN_SWEEP_SEEDS 5
+/* The sweep's defaults: seeds per configuration (7: the paired 95% intervals
+ * of most rows are then within 0.3 point each way, and the sweep within
+ * 5 minutes on 2 cores; docs/training.md),
+ * and the codec of the small-tensor bucket in compressed runs. */
+#define TRAIN_SWEEP_SEEDS 7
 #define TRAIN_SWEEP_SMALL_CODEC "int8:ef=1"
+#define TRAIN_SWEEP_CNN_SEEDS 4
+/* The CNN's default learning rate: at 0.1, seeds 1-3 ended at 87.36, 83.59
+ * and 87.85% (one stalls); at 0.05, 87.69, 86.80, 86.89%. */
+#define TRAIN_CNN_LR 0.05
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -34,11 +39,25 @@ static void usage(FILE *f) {
 "and an accuracy-against-bytes plot.\n"
 "\n"
 "model and training:\n"
-"  --model softmax|mlp   784->10 softmax regression, or 784->256->10 ReLU MLP (mlp)\n"
+"  --model M             softmax: 784->10 softmax regression; mlp: 784->256->10\n"
+"                        ReLU MLP (default); cnn: two 5x5 convolutions (16 and\n"
+"                        32 channels, each ReLU and 2x2 max-pooling), a 512->128\n"
+"                        ReLU layer and the 128->10 classifier; tensors: softmax\n"
+"                        w b; mlp w1 b1 w2 b2; cnn k1 c1 k2 c2 w3 b3 w4 b4 (a\n"
+"                        kernel kN is out-channels x in-channels*25, the matrix\n"
+"                        a low-rank codec sees)\n"
 "  -n, --workers N       worker processes (2)\n"
 "  --epochs E            passes over each worker's shard (2)\n"
 "  --batch B             examples per worker per step (64)\n"
-"  --lr X                learning rate (0.1)\n"
+"  --lr X                peak learning rate (0.1; cnn 0.05, where 0.1 with\n"
+"                        momentum 0.9 leaves some seeds behind in 2 epochs)\n"
+"  --schedule S          the learning rate over the run: cosine (default):\n"
+"                        linear warm-up, then cosine decay to zero, so the\n"
+"                        final iterate is stable; step:F1,F2,...: warm-up, then\n"
+"                        x0.1 at each fraction Fi of the steps (e.g.\n"
+"                        step:0.5,0.75); none: constant --lr, the setting of\n"
+"                        bench/torch_ddp_baseline.py (ps mode: none only)\n"
+"  --warmup F            warm-up over the first fraction F of the steps (0.05)\n"
 "  --momentum X          SGD momentum, PyTorch's form v = m v + g (0.9)\n"
 "  --momentum-at W       global (default): momentum on the averaged gradient,\n"
 "                        as PyTorch DDP does; local: each worker's momentum is\n"
@@ -78,6 +97,16 @@ static void usage(FILE *f) {
 "                        uses int8:ef=1); a dense run keeps it dense\n"
 "  --codec-for T=SPEC    codec for tensor T alone (mlp: w1 b1 w2 b2; softmax: w\n"
 "                        b), out of the bucket; repeatable, once per tensor\n"
+"  --adapt accordion:low=SPEC,high=SPEC[,eta=X][,every=K]\n"
+"                        Accordion (Agarwal et al., MLSys 2021): every K steps\n"
+"                        (a tenth of the run) each compressed tensor takes the\n"
+"                        mild codec low if the norm of its averaged gradient\n"
+"                        summed over the last K steps changed by at least X\n"
+"                        (0.5) relative to the K steps before (a critical\n"
+"                        regime; the first K steps always are), else the\n"
+"                        aggressive codec high. Every rank decides from the\n"
+"                        same all-reduced norms; a switch hands the old codec's\n"
+"                        error-feedback residual to the new one. Replaces --codec\n"
 "  --provider P          shm (default), tcp, auto, verbs, efa\n"
 "\n"
 "data and evaluation:\n"
@@ -89,12 +118,19 @@ static void usage(FILE *f) {
 "\n"
 "the sweep:\n"
 "  --sweep               the MLP with every codec, with and without error\n"
-"                        feedback; top-k with DGC's momentum masking; Local SGD\n"
-"                        every 8 steps, dense and with PowerSGD: 29\n"
-"                        configurations x 5 seeds, 2 to 4 minutes\n"
-"  --sweep-full          also fp16, bf16 and int8 with error feedback (32)\n"
+"                        feedback; top-k with DGC's momentum masking; the\n"
+"                        library's default qsgd and sign beside the tuned rows;\n"
+"                        Accordion (PowerSGD rank 4 / rank 2); Local SGD every 8\n"
+"                        steps, dense and with PowerSGD: 28 configurations x 7\n"
+"                        seeds, each compared with dense on the same seeds (a\n"
+"                        95%% interval); about 4 to 5 minutes on 2 cores\n"
+"  --sweep --model cnn   the CNN with dense, qsgd, sign, top-k DGC, PowerSGD\n"
+"                        rank 1, 2, 4 and Accordion: 8 configurations x 4\n"
+"                        seeds, about 4 minutes on 2 cores\n"
+"  --sweep-full          also fp16, bf16 and int8 with error feedback and\n"
+"                        PowerSGD rank 2 and 4 without (33, MLP)\n"
 "  --plot FILE           where the sweep draws accuracy against bytes as a PNG\n"
-"                        (terse-sweep.png); needs gnuplot\n"
+"                        (terse-sweep.png, terse-sweep-cnn.png); needs gnuplot\n"
 "\n"
 "output:\n"
 "  --csv                 one CSV line per evaluation\n"
@@ -111,7 +147,10 @@ static void usage(FILE *f) {
 "sent; compute, codec and network are seconds of\n"
 "forward/backward/update, of encode/decode/reduction, and of waiting on the\n"
 "network (maximum over workers); time is the training wall time, evaluation\n"
-"excluded.\n"
+"excluded. In the sweep's table, sd is the standard deviation of a row's final\n"
+"accuracy over its seeds; vs-dense the mean over seeds of (row - dense on the\n"
+"same seed), and the 95%% interval its Student-t interval; the summary line\n"
+"names the fewest bytes whose whole interval lies above -0.5 point.\n"
 "\n"
 "Determinism: workers run OpenBLAS single-threaded and every random draw is\n"
 "keyed by --seed, so one command prints the same accuracies and byte counts\n"
@@ -160,26 +199,98 @@ static int parse_double(const char *s, double lo, double hi, double *v) {
     return 0;
 }
 
-/* "clip=C,noise=S" (either order, both required). */
-static int parse_dp(const char *text, train_options *o) {
+/* "K1=X,K2=Y" with each key at most once, in either order (an empty text
+ * has neither): values into v[0], v[1] within [lo[i], hi[i]], have[i] set
+ * for each key seen. -1 on anything else. */
+static int parse_two_keys(const char *text, const char *const key[2], const double lo[2],
+                          const double hi[2], double v[2], int have[2]) {
     char buf[128];
     if (strlen(text) >= sizeof buf) return -1;
     strcpy(buf, text);
-    int have_clip = 0, have_noise = 0;
+    have[0] = have[1] = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
-        if (strncmp(tok, "clip=", 5) == 0 && !have_clip) {
-            if (parse_double(tok + 5, 1e-12, 1e12, &o->dp_clip) != 0) return -1;
-            have_clip = 1;
-        } else if (strncmp(tok, "noise=", 6) == 0 && !have_noise) {
-            if (parse_double(tok + 6, 0.0, 1e6, &o->dp_noise) != 0) return -1;
-            have_noise = 1;
-        } else {
+        int k = 0;
+        while (k < 2 && (strncmp(tok, key[k], strlen(key[k])) != 0 || tok[strlen(key[k])] != '='))
+            k++;
+        if (k == 2 || have[k] || parse_double(tok + strlen(key[k]) + 1, lo[k], hi[k], &v[k]) != 0)
             return -1;
-        }
+        have[k] = 1;
     }
-    if (!have_clip || !have_noise) return -1;
+    return 0;
+}
+
+/* "clip=C,noise=S" (either order, both required). */
+static int parse_dp(const char *text, train_options *o) {
+    static const char *const key[2] = {"clip", "noise"};
+    static const double lo[2] = {1e-12, 0.0}, hi[2] = {1e12, 1e6};
+    double v[2];
+    int have[2];
+    if (parse_two_keys(text, key, lo, hi, v, have) != 0 || !have[0] || !have[1]) return -1;
+    o->dp_clip = v[0];
+    o->dp_noise = v[1];
     o->dp = 1;
+    return 0;
+}
+
+/* "none", "cosine" or "step:F1,F2,..." (increasing fractions in (0, 1)). */
+static int parse_schedule(const char *text, train_options *o) {
+    o->n_milestones = 0;
+    if (strcmp(text, "none") == 0) {
+        o->schedule = TRAIN_SCHED_NONE;
+        return 0;
+    }
+    if (strcmp(text, "cosine") == 0) {
+        o->schedule = TRAIN_SCHED_COSINE;
+        return 0;
+    }
+    if (strncmp(text, "step:", 5) != 0) return -1;
+    char buf[128];
+    if (strlen(text + 5) >= sizeof buf) return -1;
+    strcpy(buf, text + 5);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        double f;
+        if (o->n_milestones == TRAIN_MAX_MILESTONES || parse_double(tok, 1e-9, 1 - 1e-9, &f) != 0 ||
+            (o->n_milestones && f <= o->milestones[o->n_milestones - 1]))
+            return -1;
+        o->milestones[o->n_milestones++] = f;
+    }
+    if (o->n_milestones == 0) return -1;
+    o->schedule = TRAIN_SCHED_STEP;
+    return 0;
+}
+
+/* "accordion:low=SPEC,high=SPEC[,eta=X][,every=K]" into r's adapt fields
+ * and its codec (the mild spec). The specs hold commas themselves: low ends
+ * at ",high=", high at the first ",eta=" or ",every=" after it. */
+static int parse_adapt(const char *text, train_run *r) {
+    static const char head[] = "accordion:low=";
+    if (strncmp(text, head, sizeof head - 1) != 0) return -1;
+    const char *low = text + sizeof head - 1, *high = strstr(low, ",high=");
+    if (!high || high == low || (size_t)(high - low) >= sizeof r->codec) return -1;
+    memcpy(r->codec, low, (size_t)(high - low));
+    r->codec[high - low] = '\0';
+    high += 6;
+    const char *end = high + strlen(high), *eta = strstr(high, ",eta="),
+               *every = strstr(high, ",every=");
+    if (eta && eta < end) end = eta;
+    if (every && every < end) end = every;
+    if (end == high || (size_t)(end - high) >= sizeof r->adapt_high) return -1;
+    memcpy(r->adapt_high, high, (size_t)(end - high));
+    r->adapt_high[end - high] = '\0';
+    if (strcmp(r->codec, TRAIN_DENSE) == 0 || strcmp(r->adapt_high, TRAIN_DENSE) == 0)
+        return -1; /* both must be codecs */
+    /* Then ",eta=X" and ",every=K", each optional. */
+    static const char *const key[2] = {"eta", "every"};
+    static const double lo[2] = {1e-9, 1}, hi[2] = {1e9, 1 << 30};
+    double v[2] = {0.5, 0};
+    int have[2];
+    if (*end && *end++ != ',') return -1;
+    if (parse_two_keys(end, key, lo, hi, v, have) != 0 || v[1] != floor(v[1])) return -1;
+    r->adapt_eta = v[0];
+    r->adapt_every = (int)v[1];
+    r->adapt = 1;
     return 0;
 }
 
@@ -246,32 +357,33 @@ static void expand_seeds(train_options *o) {
         }
 }
 
-/* The sweep (train.h): every codec the issue lists; error feedback for every
- * lossy codec except, by default, the three near-lossless ones, where it
- * changes nothing measurable (--sweep-full adds them). */
+/* The sweep (train.h): every codec; error feedback for every lossy codec
+ * except, by default, the three near-lossless ones, where it changes nothing
+ * measurable; PowerSGD rank 2 and 4 only with it (rank 1 shows what it does
+ * without); --sweep-full adds those five. 28 configurations by default. */
 static void sweep_runs(train_options *o) {
     static const struct {
         const char *label, *spec;
         int ef_by_default; /* 0: only with --sweep-full */
+        int plain;         /* 0: only with error feedback (unless --sweep-full) */
     } codecs[] = {
-        {"fp16", "fp16", 0},
-        {"bf16", "bf16", 0},
-        {"int8", "int8", 0},
-        {"qsgd 4-bit", "qsgd:bits=4,bucket=128", 1},
-        {"terngrad", "terngrad", 1},
-        {"sign", "sign:bucket=256", 1},
-        {"topk 1%", "topk:ratio=0.01", 1},
-        {"topk 0.1%", "topk:ratio=0.001", 1},
-        {"randk 1%", "randk:ratio=0.01", 1},
-        {"powersgd r1", "powersgd:rank=1", 1},
-        {"powersgd r2", "powersgd:rank=2", 1},
-        {"powersgd r4", "powersgd:rank=4", 1},
-        {"vq", "vq:bucket=256", 1},
+        {"fp16", "fp16", 0, 1},
+        {"bf16", "bf16", 0, 1},
+        {"int8", "int8", 0, 1},
+        {"qsgd 4-bit", "qsgd:bits=4,bucket=128", 1, 1},
+        {"terngrad", "terngrad", 1, 1},
+        {"sign", "sign:bucket=256", 1, 1},
+        {"topk 1%", "topk:ratio=0.01", 1, 1},
+        {"randk 1%", "randk:ratio=0.01", 1, 1},
+        {"powersgd r1", "powersgd:rank=1", 1, 1},
+        {"powersgd r2", "powersgd:rank=2", 1, 0},
+        {"powersgd r4", "powersgd:rank=4", 1, 0},
+        {"vq", "vq", 1, 1},
     };
     o->n_runs = 0;
     add_run(o, "dense", TRAIN_DENSE, 0);
     for (size_t i = 0; i < sizeof codecs / sizeof codecs[0]; i++) {
-        add_run(o, codecs[i].label, codecs[i].spec, 0);
+        if (codecs[i].plain || o->sweep_full) add_run(o, codecs[i].label, codecs[i].spec, 0);
         if (codecs[i].ef_by_default || o->sweep_full)
             add_run(o, codecs[i].label, codecs[i].spec, 1);
     }
@@ -284,9 +396,36 @@ static void sweep_runs(train_options *o) {
         train_run *r = add_run(o, label[i], spec[i], 1);
         r->local_momentum = r->mask_momentum = 1;
     }
+    /* The library's defaults where the rows above use other options, so
+     * nobody takes those rows for what the defaults give. */
+    add_run(o, "qsgd (default)", "qsgd", 1);
+    add_run(o, "sign (default)", "sign", 1);
+    /* Accordion: PowerSGD rank 4 in critical regimes, rank 2 otherwise. */
+    train_run *acc = add_run(o, "accordion r4/r2", "powersgd:rank=4,ef=1", 0);
+    acc->ef = acc->adapt = 1;
+    snprintf(acc->adapt_high, sizeof acc->adapt_high, "powersgd:rank=2,ef=1");
+    acc->adapt_eta = 0.5;
     /* Fewer exchanges instead of (or as well as) smaller ones. */
     add_run(o, "local8 dense", TRAIN_DENSE, 0)->local_steps = 8;
     add_run(o, "local8 psgd r4", "powersgd:rank=4", 1)->local_steps = 8;
+}
+
+/* The CNN's sweep (--sweep --model cnn): a run costs about ten times an MLP
+ * run, so fewer configurations, and TRAIN_SWEEP_CNN_SEEDS seeds. */
+static void cnn_sweep_runs(train_options *o) {
+    o->n_runs = 0;
+    add_run(o, "dense", TRAIN_DENSE, 0);
+    add_run(o, "qsgd 4-bit", "qsgd:bits=4,bucket=128", 1);
+    add_run(o, "sign", "sign:bucket=256", 1);
+    train_run *r = add_run(o, "topk 1% DGC", "topk:ratio=0.01", 1);
+    r->local_momentum = r->mask_momentum = 1;
+    add_run(o, "powersgd r1", "powersgd:rank=1", 1);
+    add_run(o, "powersgd r2", "powersgd:rank=2", 1);
+    add_run(o, "powersgd r4", "powersgd:rank=4", 1);
+    r = add_run(o, "accordion r4/r2", "powersgd:rank=4,ef=1", 0);
+    r->ef = r->adapt = 1;
+    snprintf(r->adapt_high, sizeof r->adapt_high, "powersgd:rank=2,ef=1");
+    r->adapt_eta = 0.5;
 }
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -296,47 +435,76 @@ static int usage_error(const char *fmt, const char *arg) {
     return BENCH_EXIT_USAGE;
 }
 
-/* A codec spec must build a codec for the largest weight matrix; a tensor
- * name must be one of the model's. Checked here, before any process starts,
- * so a typo costs no launch. */
-static int check_spec(const char *spec, const char *where) {
+/* A codec spec must build a codec for every tensor it will compress (rows x
+ * cols; the bucket of small tensors is one column); a tensor name must be
+ * one of the model's. Checked here, before any process starts, so a typo
+ * costs no launch. */
+static int check_shape(const char *spec, const char *where, size_t rows, size_t cols) {
     if (strcmp(spec, TRAIN_DENSE) == 0) return 0;
     terse_codec *c = NULL;
-    terse_status s = terse_codec_create(spec, MODEL_HIDDEN, MODEL_INPUTS, &c);
+    terse_status s = terse_codec_create(spec, rows, cols, &c);
     if (s != TERSE_OK) {
-        fprintf(stderr, WHO ": %s '%s': %s (%s)\n", where, spec, terse_last_error(),
-                terse_status_name(s));
+        fprintf(stderr, WHO ": %s '%s' (for a %zux%zu tensor): %s (%s)\n", where, spec, rows,
+                cols, terse_last_error(), terse_status_name(s));
         return -1;
     }
     terse_codec_free(c);
     return 0;
 }
 
-static int check_override(const train_options *o, const char *ov) {
+/* large: spec is for the tensors of --small elements and more; otherwise
+ * for the small-tensor bucket. */
+static int check_spec(const train_options *o, const char *spec, const char *where, int large) {
+    model *m = model_create(o->model, 1, 0);
+    if (!m) return check_shape(spec, where, MODEL_HIDDEN, MODEL_INPUTS);
+    int rc = 0;
+    size_t bucket = 0;
+    for (size_t i = 0; i < model_tensor_count(m) && rc == 0; i++) {
+        const model_tensor *t = model_tensor_at(m, i);
+        if (t->n < (size_t)o->small)
+            bucket += t->n;
+        else if (large)
+            rc = check_shape(spec, where, t->rows, t->cols);
+    }
+    if (rc == 0 && !large && bucket) rc = check_shape(spec, where, bucket, 1);
+    model_free(m);
+    return rc;
+}
+
+/* 0 if ov is NAME=SPEC for a tensor of the model and SPEC builds for it; -1
+ * for a name the model has not (tensor names go into *names), -2 for a
+ * spec that does not build. */
+static int check_override(const train_options *o, const char *ov, char *names, size_t cap) {
     const char *eq = strchr(ov, '=');
-    if (!eq || eq == ov) return -1;
-    size_t len = (size_t)(eq - ov);
-    static const char *const mlp[] = {"w1", "b1", "w2", "b2", NULL};
-    static const char *const softmax[] = {"w", "b", NULL};
-    const char *const *names = o->model == MODEL_MLP ? mlp : softmax;
-    for (size_t i = 0; names[i]; i++)
-        if (strlen(names[i]) == len && strncmp(names[i], ov, len) == 0)
-            return check_spec(eq + 1, "--codec-for") == 0 ? 0 : -2;
-    return -1;
+    size_t len = eq ? (size_t)(eq - ov) : 0;
+    model *m = model_create(o->model, 1, 0);
+    if (!m) return -1;
+    int rc = -1;
+    names[0] = '\0';
+    for (size_t i = 0; i < model_tensor_count(m); i++) {
+        const model_tensor *t = model_tensor_at(m, i);
+        size_t used = strlen(names);
+        snprintf(names + used, cap - used, "%s%s", used ? " " : "", t->name);
+        if (rc == -1 && len && strlen(t->name) == len && strncmp(t->name, ov, len) == 0)
+            rc = check_shape(eq + 1, "--codec-for", t->rows, t->cols) == 0 ? 0 : -2;
+    }
+    model_free(m);
+    return rc;
 }
 
 /* What parsing remembers besides the options themselves. */
 typedef struct {
     const char *codec;
-    int have_codec, have_seeds, have_small_codec;
+    int have_codec, have_seeds, have_small_codec, have_schedule, have_lr;
+    train_run adapt; /* --adapt, parsed */
 } parse_state;
 
 /* Options that take a value (the next argument). */
 static int takes_value(const char *a) {
     static const char *const names[] = {
         "--model", "-n", "--workers", "--epochs", "--batch", "--lr", "--momentum",
-        "--momentum-at", "--seed", "--seeds", "--mode", "--dp", "--codec", "--codec-for",
-        "--small", "--small-codec", "--provider", "--servers", "--straggler", "--data", "--train-limit", "--test-limit",
+        "--momentum-at", "--schedule", "--warmup", "--seed", "--seeds", "--mode", "--dp", "--codec", "--codec-for",
+        "--small", "--small-codec", "--adapt", "--provider", "--servers", "--straggler", "--data", "--train-limit", "--test-limit",
         "--eval-every", "--target-acc", "--plot", "--results", NULL};
     for (size_t i = 0; names[i]; i++)
         if (strcmp(a, names[i]) == 0) return 1;
@@ -349,7 +517,7 @@ static int training_option(train_options *o, parse_state *ps, const char *a, con
     long n;
     if (strcmp(a, "--model") == 0) {
         if (model_kind_parse(v, &o->model) != 0)
-            return usage_error("--model '%s': expected softmax or mlp", v);
+            return usage_error("--model '%s': expected softmax, mlp or cnn", v);
     } else if (strcmp(a, "-n") == 0 || strcmp(a, "--workers") == 0) {
         if (parse_int(v, 1, 256, &n) != 0)
             return usage_error("--workers '%s': expected an integer in [1, 256]", v);
@@ -365,6 +533,15 @@ static int training_option(train_options *o, parse_state *ps, const char *a, con
     } else if (strcmp(a, "--lr") == 0) {
         if (parse_double(v, 0.0, 1e3, &o->lr) != 0)
             return usage_error("--lr '%s': expected a number in [0, 1000]", v);
+        ps->have_lr = 1;
+    } else if (strcmp(a, "--schedule") == 0) {
+        if (parse_schedule(v, o) != 0)
+            return usage_error("--schedule '%s': expected none, cosine or step:F1,F2,... with "
+                               "increasing fractions in (0, 1) (at most 4)", v);
+        ps->have_schedule = 1;
+    } else if (strcmp(a, "--warmup") == 0) {
+        if (parse_double(v, 0.0, 0.5, &o->warmup) != 0)
+            return usage_error("--warmup '%s': expected a fraction of the steps in [0, 0.5]", v);
     } else if (strcmp(a, "--momentum") == 0) {
         if (parse_double(v, 0.0, 0.999999, &o->momentum) != 0)
             return usage_error("--momentum '%s': expected a number in [0, 1)", v);
@@ -424,6 +601,11 @@ static int other_option(train_options *o, parse_state *ps, const char *a, const 
         if (parse_int(v, 0, 1L << 30, &n) != 0)
             return usage_error("--small '%s': expected an element count", v);
         o->small = (int)n;
+    } else if (strcmp(a, "--adapt") == 0) {
+        if (parse_adapt(v, &ps->adapt) != 0)
+            return usage_error("--adapt '%s': expected accordion:low=SPEC,high=SPEC with "
+                               "optional ,eta=X (> 0) and ,every=K (steps >= 1)", v);
+        o->adapt = v;
     } else if (strcmp(a, "--small-codec") == 0) {
         o->small_codec = v;
         ps->have_small_codec = 1;
@@ -506,6 +688,9 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
     if (o->plot && strpbrk(o->plot, "'\"\n\\"))
         return usage_error("--plot '%s': the path may not contain quotes, backslashes or "
                            "line breaks", o->plot);
+    if (o->adapt && (o->sweep || ps->have_codec || o->mode != TRAIN_MODE_ALLREDUCE))
+        return usage_error("%s", "--adapt chooses the codecs of one synchronous run: drop "
+                                 "--codec, --sweep and --mode");
     if (o->sweep && ps->have_codec)
         return usage_error("%s", "--sweep chooses the codecs itself; drop --codec");
     if (o->sweep && o->mode != TRAIN_MODE_ALLREDUCE)
@@ -523,10 +708,13 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
     if (o->mode == TRAIN_MODE_PS && (o->dp || o->local_momentum || o->n_overrides))
         return usage_error("%s", "--mode ps:... takes neither --dp, --momentum-at local nor "
                                  "--codec-for");
+    if (o->mode == TRAIN_MODE_PS && ps->have_schedule && o->schedule != TRAIN_SCHED_NONE)
+        return usage_error("%s", "--mode ps:... runs the server's constant learning rate: "
+                                 "drop --schedule (or give --schedule none)");
     if (o->mode == TRAIN_MODE_PS && o->workers + (o->servers ? o->servers : 1) > 256)
         return usage_error("%s", "too many processes");
-    if (o->sweep && o->model != MODEL_MLP)
-        return usage_error("%s", "--sweep trains the MLP; drop --model");
+    if (o->sweep && o->model == MODEL_SOFTMAX)
+        return usage_error("%s", "--sweep trains the mlp or the cnn, not softmax");
     if (o->plot && !o->sweep) return usage_error("%s", "--plot draws the sweep: add --sweep");
     return 0;
 }
@@ -535,14 +723,26 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
  * seed, and, in the launcher, every codec spec tried before anything runs. */
 static int build_runs(train_options *o, const parse_state *ps) {
     if (o->sweep) {
-        sweep_runs(o);
-        if (!o->plot) o->plot = "terse-sweep.png";
-        if (!ps->have_seeds) o->seeds = TRAIN_SWEEP_SEEDS;
+        int cnn = o->model == MODEL_CNN;
+        if (cnn)
+            cnn_sweep_runs(o);
+        else
+            sweep_runs(o);
+        if (!o->plot) o->plot = cnn ? "terse-sweep-cnn.png" : "terse-sweep.png";
+        if (!ps->have_seeds) o->seeds = cnn ? TRAIN_SWEEP_CNN_SEEDS : TRAIN_SWEEP_SEEDS;
         if (!ps->have_small_codec) o->small_codec = TRAIN_SWEEP_SMALL_CODEC;
     } else {
         /* Label what runs: the codec, or "custom" when --codec-for changes it. */
-        add_run(o, o->n_overrides ? "custom" : ps->codec, ps->codec, 0);
-        o->runs[0].ef = strstr(ps->codec, "ef=1") != NULL;
+        if (o->adapt) {
+            train_run *r = add_run(o, "accordion", ps->adapt.codec, 0);
+            snprintf(r->adapt_high, sizeof r->adapt_high, "%s", ps->adapt.adapt_high);
+            r->adapt = 1;
+            r->adapt_eta = ps->adapt.adapt_eta;
+            r->adapt_every = ps->adapt.adapt_every;
+        } else {
+            add_run(o, o->n_overrides ? "custom" : ps->codec, ps->codec, 0);
+        }
+        o->runs[0].ef = strstr(o->runs[0].codec, "ef=1") != NULL;
         if (!ps->have_seeds) o->seeds = 1;
     }
     if (o->n_runs * (size_t)o->seeds > TRAIN_MAX_RUNS)
@@ -552,15 +752,19 @@ static int build_runs(train_options *o, const parse_state *ps) {
     /* Once per configuration: seeds of a group share its spec. */
     for (size_t i = 0; i < o->n_runs; i++)
         if ((i == 0 || o->runs[i].group != o->runs[i - 1].group) &&
-            check_spec(o->runs[i].codec, "--codec") != 0)
+            (check_spec(o, o->runs[i].codec, "--codec", 1) != 0 ||
+             (o->runs[i].adapt && check_spec(o, o->runs[i].adapt_high, "--adapt high", 1) != 0)))
             return BENCH_EXIT_USAGE;
-    if (check_spec(o->small_codec, "--small-codec") != 0) return BENCH_EXIT_USAGE;
+    if (check_spec(o, o->small_codec, "--small-codec", 0) != 0) return BENCH_EXIT_USAGE;
     for (size_t i = 0; i < o->n_overrides; i++) {
-        int rc = check_override(o, o->overrides[i]);
-        if (rc == -1)
-            return usage_error("--codec-for '%s': expected TENSOR=SPEC with a tensor of "
-                               "the model (mlp: w1 b1 w2 b2; softmax: w b)",
-                               o->overrides[i]);
+        char names[128];
+        int rc = check_override(o, o->overrides[i], names, sizeof names);
+        if (rc == -1) {
+            fprintf(stderr, WHO ": --codec-for '%s': expected TENSOR=SPEC with a tensor of the "
+                            "%s model (%s) (try terse-bench train --help)\n",
+                    o->overrides[i], model_kind_name(o->model), names);
+            return BENCH_EXIT_USAGE;
+        }
         if (rc != 0) return BENCH_EXIT_USAGE;
     }
     return 0;
@@ -579,7 +783,11 @@ int train_parse_args(int argc, char **argv, train_options *o) {
     o->small = 4096;
     o->small_codec = TRAIN_DENSE;
     o->straggler = -1;
-    parse_state ps = {TRAIN_DENSE, 0, 0, 0};
+    o->schedule = TRAIN_SCHED_COSINE;
+    o->warmup = 0.05;
+    static parse_state ps;
+    memset(&ps, 0, sizeof ps);
+    ps.codec = TRAIN_DENSE;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -600,6 +808,8 @@ int train_parse_args(int argc, char **argv, train_options *o) {
     }
     int rc = check_combinations(o, &ps);
     if (rc != 0) return rc;
+    if (o->mode == TRAIN_MODE_PS) o->schedule = TRAIN_SCHED_NONE;
+    if (o->model == MODEL_CNN && !ps.have_lr) o->lr = TRAIN_CNN_LR;
     if (o->target_acc > 0 && o->eval_every == 0 && !o->worker && !o->quiet)
         fprintf(stderr, WHO ": note: without --eval-every the time to --target-acc is only "
                         "measured at epoch ends\n");

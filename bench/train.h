@@ -64,16 +64,17 @@ void dataset_free(dataset *d);
 
 /* ---- models (model.c) */
 
-typedef enum { MODEL_SOFTMAX, MODEL_MLP } model_kind;
+typedef enum { MODEL_SOFTMAX, MODEL_MLP, MODEL_CNN } model_kind;
 
-#define MODEL_MAX_TENSORS 4
+#define MODEL_MAX_TENSORS 8
 #define MODEL_INPUTS 784
 #define MODEL_CLASSES 10
 #define MODEL_HIDDEN 256
 
 /* One parameter tensor: rows x cols floats, row major (a bias is n x 1). */
 typedef struct {
-    const char *name; /* "w1", "b1", "w2", "b2" (MLP); "w", "b" (softmax) */
+    const char *name; /* "w", "b" (softmax); "w1", "b1", "w2", "b2" (MLP);
+                         "k1", "c1", "k2", "c2", "w3", "b3", "w4", "b4" (CNN) */
     size_t rows, cols, n;
     float *value, *grad; /* n each, 64-byte aligned */
 } model_tensor;
@@ -81,9 +82,23 @@ typedef struct {
 /*
  * softmax: logits = x W^T + b, W 10 x 784.
  * mlp:     h = relu(x W1^T + b1), W1 256 x 784; logits = h W2^T + b2, W2 10 x 256.
+ * cnn:     x as a 28 x 28 image of one channel, then
+ *            5x5 convolution 1 -> 16 channels (stride 1, no padding: 24 x 24)
+ *              + c1, ReLU, 2x2 max-pool with stride 2 (12 x 12);
+ *            5x5 convolution 16 -> 32 channels (8 x 8) + c2, ReLU, 2x2 max-pool (4 x 4);
+ *            flattened channel-major to f, 512 features (feature c*16 + y*4 + x, as
+ *              PyTorch flattens NCHW);
+ *            h = relu(f W3^T + b3), W3 128 x 512; logits = h W4^T + b4, W4 10 x 128.
+ *          A kernel is an out x (in*5*5) matrix, element [oc][ic*25 + ky*5 + kx]
+ *          (PyTorch's weight.view(out, -1), the matrix its PowerSGD hook
+ *          compresses): k1 16 x 25, k2 32 x 400; the biases c1 16 x 1, c2 32 x 1.
+ *          Max-pool passes its gradient to the first maximum of its window in
+ *          scan order. Images pass through the network 8 at a time, so its
+ *          workspace (about 2 MB) does not grow with max_batch.
  * Loss: mean over the batch of softmax cross-entropy. Initialised as
- * PyTorch's nn.Linear is: weights and biases uniform in +-1/sqrt(fan_in),
- * drawn from a generator keyed by seed (the same on every machine).
+ * PyTorch's nn.Linear and nn.Conv2d are: weights and biases uniform in
+ * +-1/sqrt(fan_in) (fan_in = in_channels*25 for a convolution), drawn from a
+ * generator keyed by seed (the same on every machine).
  */
 typedef struct model model;
 
@@ -105,7 +120,7 @@ double model_forward_backward(model *m, const float *x, const uint8_t *y, size_t
  * b in [1, max_batch]. */
 double model_evaluate(model *m, const float *x, const uint8_t *y, size_t b, size_t *correct);
 
-/* "softmax" or "mlp" -> kind; -1 for anything else. */
+/* "softmax", "mlp" or "cnn" -> kind; -1 for anything else. */
 int model_kind_parse(const char *text, model_kind *kind);
 const char *model_kind_name(model_kind kind);
 
@@ -120,11 +135,16 @@ void train_add_gaussian(float *x, size_t n, double sd, uint64_t *s);
 
 /* ---- training options and records (train.c, train_worker.c) */
 
-#define TRAIN_MAX_RUNS 256
+#define TRAIN_MAX_RUNS 512
 #define TRAIN_MAX_OVERRIDES 8
 #define TRAIN_DENSE "dense" /* the spec meaning "no codec" */
 
 typedef enum { TRAIN_MODE_ALLREDUCE, TRAIN_MODE_LOCALSGD, TRAIN_MODE_PS } train_mode;
+
+/* The learning-rate schedule (--schedule): constant; linear warm-up then
+ * cosine decay to zero; or linear warm-up then x0.1 at each milestone. */
+typedef enum { TRAIN_SCHED_NONE, TRAIN_SCHED_COSINE, TRAIN_SCHED_STEP } train_schedule;
+#define TRAIN_MAX_MILESTONES 4
 
 /* One training configuration: what a row of the sweep is. */
 typedef struct {
@@ -136,6 +156,14 @@ typedef struct {
     int local_steps;       /* 0: synchronous SGD; H: Local SGD, average every H */
     int local_momentum, mask_momentum; /* as the options of the same names */
     int group;             /* runs that differ only in seed share a group */
+    /* Accordion (--adapt): codec is the mild spec, adapt_high the aggressive
+     * one; every adapt_every steps each compressed tensor takes the mild codec
+     * if the norm of its gradient summed over the interval changed by at
+     * least adapt_eta (relative), the aggressive one otherwise. */
+    int adapt;
+    char adapt_high[128];
+    double adapt_eta;
+    int adapt_every;       /* 0: a tenth of the run's steps */
 } train_run;
 
 typedef struct {
@@ -144,6 +172,10 @@ typedef struct {
     int epochs;
     size_t batch;          /* per worker */
     double lr, momentum;
+    train_schedule schedule;
+    double warmup;         /* --warmup: fraction of the steps (cosine, step) */
+    double milestones[TRAIN_MAX_MILESTONES]; /* step: fractions of the steps */
+    int n_milestones;
     int local_momentum;    /* --momentum-at local: momentum before the exchange */
     int mask_momentum;     /* --mask-momentum: DGC's momentum factor masking */
     uint64_t seed;
@@ -159,6 +191,7 @@ typedef struct {
     double dp_clip, dp_noise;
     const char *overrides[TRAIN_MAX_OVERRIDES]; /* "NAME=SPEC" for --codec-for */
     size_t n_overrides;
+    const char *adapt;     /* --adapt's text, or NULL */
     int small;             /* tensors of fewer elements go into the small bucket */
     const char *small_codec; /* its codec (--small-codec), "dense" by default */
     int seeds;             /* --seeds K: every configuration with K seeds */
@@ -197,12 +230,27 @@ typedef struct {
                               worker says why on stderr) */
 } train_record;
 
+/* ---- arithmetic (train_stats.c) */
+
+/* The learning rate of step k (0-based) of a run of `total` steps under the
+ * options' schedule: --lr times the warm-up ramp (k+1)/W over the first
+ * W = warmup x total steps, then, for cosine, (1 + cos(pi (k-W)/(total-W)))/2,
+ * for step, 0.1 per milestone passed (k >= milestone x total). */
+double train_lr_at(const train_options *o, long k, long total);
+/* The two-sided 95% quantile of Student's t with df >= 1 degrees of freedom
+ * (NAN below 1). */
+double train_t975(int df);
+/* The mean of diff[0..n) and the half-width of its 95% t-interval
+ * (t975(n-1) x sd / sqrt(n); NAN when n < 2). */
+void train_paired(const double *diff, int n, double *mean, double *half_width);
+
 void train_record_write(FILE *f, const train_record *r);
 /* Every well-formed record of a file into *out (malloc'd, the caller frees
  * it); how many, or -1 if the file is unreadable. */
 int train_record_read_all(const char *path, train_record **out);
 
 int train_parse_args(int argc, char **argv, train_options *o);
+
 int train_worker_main(const train_options *o);
 /* Processes a run needs: the workers, plus the servers in ps mode. */
 int train_processes(const train_options *o);

@@ -116,25 +116,44 @@ static const char *human_bytes(double b, char *buf, size_t cap) {
     return buf;
 }
 
-/* One configuration over its seeds: means of the final evaluations. */
+/* One configuration over its seeds: means of the final evaluations, and its
+ * paired comparison with dense (group 0) on the seeds both finished. */
 typedef struct {
     const train_run *cfg;
     int seeds;                     /* finished runs */
     double acc, acc_min, acc_max;  /* final test accuracy: mean, range */
+    double acc_sd;                 /* its sample standard deviation (NAN for 1 seed) */
+    int pairs;                     /* seeds finished here and by dense */
+    double diff, diff_hw;          /* mean of acc - dense acc over those seeds, and
+                                      the half-width of its 95% t-interval (NAN
+                                      under 2 pairs) */
     double bytes, dense_bytes, compute_s, codec_s, network_s, wall_s; /* means */
     double t_target;               /* mean time to --target-acc, -1 if any run missed */
 } group_sum;
+
+/* The final record of the dense run (group 0) with this seed, or NULL. */
+static const train_record *dense_final(const train_options *o, const train_record *recs, int n,
+                                       uint64_t seed) {
+    for (size_t k = 0; k < o->n_runs && o->runs[k].group == 0; k++)
+        if (o->runs[k].seed == seed) return final_of(recs, n, (int)k);
+    return NULL;
+}
 
 static void summarize(const train_options *o, const train_record *recs, int n, int group,
                       group_sum *g) {
     memset(g, 0, sizeof *g);
     g->t_target = 0;
     int missed = 0;
+    /* Per seed: this row's accuracy, and its difference to dense's. */
+    double accs[TRAIN_MAX_RUNS], diffs[TRAIN_MAX_RUNS];
     for (size_t k = 0; k < o->n_runs; k++) {
         if (o->runs[k].group != group) continue;
         if (!g->cfg) g->cfg = &o->runs[k];
         const train_record *r = final_of(recs, n, (int)k);
         if (!r) continue;
+        accs[g->seeds] = r->test_acc;
+        const train_record *d = dense_final(o, recs, n, o->runs[k].seed);
+        if (d) diffs[g->pairs++] = r->test_acc - d->test_acc;
         if (g->seeds == 0 || r->test_acc < g->acc_min) g->acc_min = r->test_acc;
         if (g->seeds == 0 || r->test_acc > g->acc_max) g->acc_max = r->test_acc;
         g->seeds++;
@@ -155,6 +174,11 @@ static void summarize(const train_options *o, const train_record *recs, int n, i
         g->t_target = -1;
         return;
     }
+    double mean, hw;
+    train_paired(accs, g->seeds, &mean, &hw);
+    /* hw = t sd / sqrt(n): undo the factors to get the sd. */
+    g->acc_sd = g->seeds > 1 ? hw * sqrt((double)g->seeds) / train_t975(g->seeds - 1) : NAN;
+    train_paired(diffs, g->pairs, &g->diff, &g->diff_hw);
     double *m[] = {&g->acc, &g->bytes, &g->dense_bytes, &g->compute_s, &g->codec_s,
                    &g->network_s, &g->wall_s};
     for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) *m[i] /= g->seeds;
@@ -171,11 +195,24 @@ static double group_ratio(const group_sum *g) {
 
 /* ---------------------------------------------------------------- table */
 
+/* The schedule as --schedule spells it, with the warm-up. */
+static const char *schedule_text(const train_options *o, char *buf, size_t cap) {
+    if (o->schedule == TRAIN_SCHED_NONE) return snprintf(buf, cap, "constant"), buf;
+    int len = snprintf(buf, cap, "%s", o->schedule == TRAIN_SCHED_COSINE ? "cosine" : "step:");
+    for (int i = 0; i < o->n_milestones && len > 0 && (size_t)len < cap; i++)
+        len += snprintf(buf + len, cap - (size_t)len, "%s%g", i ? "," : "", o->milestones[i]);
+    if (len > 0 && (size_t)len < cap)
+        snprintf(buf + len, cap - (size_t)len, ", warm-up %g%%", 100.0 * o->warmup);
+    return buf;
+}
+
 static void print_setup(const train_options *o) {
-    printf("# terse-bench train: %s, %d workers over %s, batch %zu per worker, lr %g, "
+    char sched[96];
+    printf("# terse-bench train: %s, %d workers over %s, batch %zu per worker, lr %g (%s), "
            "momentum %g%s%s, %d epoch%s, ",
            model_kind_name(o->model), o->workers, o->provider ? o->provider : "shm", o->batch,
-           o->lr, o->momentum, o->local_momentum ? " (local)" : "",
+           o->lr, schedule_text(o, sched, sizeof sched), o->momentum,
+           o->local_momentum ? " (local)" : "",
            o->mask_momentum ? " masked" : "", o->epochs,
            o->epochs == 1 ? "" : "s");
     if (o->seeds > 1)
@@ -251,31 +288,41 @@ static void print_run_table(const train_options *o, const train_record *recs, in
     }
 }
 
+/* The sweep's rule for "as good as dense": a row's whole 95% interval of
+ * the paired difference lies above -TRAIN_WITHIN points. */
+#define TRAIN_WITHIN 0.5
+
 static void print_sweep_table(const train_options *o, const train_record *recs, int n) {
     /* Local SGD rows say so in their label ("local8 ..."). */
     print_setup(o);
     int ng = group_count(o);
     group_sum dense;
     summarize(o, recs, n, 0, &dense);
-    printf("%-13s %3s %7s %13s %8s %12s %8s %8s %8s %8s %8s", "codec", "EF", "acc%", "range",
-           "vs-dense", "sent/worker", "ratio", "compute", "codec", "network", "time");
+    printf("%-15s %3s %7s %5s %8s %15s %12s %7s %7s %7s %7s %7s", "codec", "EF", "acc%", "sd",
+           "vs-dense", "95% interval", "sent/worker", "ratio", "compute", "codec", "network",
+           "time");
     if (o->target_acc > 0) printf(" %9s", "t-target");
     printf("\n");
     const group_sum *best = NULL;
+    double widest = 0;
     static group_sum gs[TRAIN_MAX_RUNS];
     for (int k = 0; k < ng; k++) {
         group_sum *g = &gs[k];
         summarize(o, recs, n, k, g);
         if (!g->cfg) continue;
         if (g->seeds == 0) {
-            printf("%-13s %3s  did not finish\n", g->cfg->label, g->cfg->ef ? "yes" : "no");
+            printf("%-15s %3s  did not finish\n", g->cfg->label, g->cfg->ef ? "yes" : "no");
             continue;
         }
-        char b[32], d[16] = "-", range[32];
-        if (dense.seeds && k > 0) snprintf(d, sizeof d, "%+.2f", g->acc - dense.acc);
-        snprintf(range, sizeof range, "%.2f..%.2f", g->acc_min, g->acc_max);
-        printf("%-13s %3s %7.2f %13s %8s %12s %8.1f %8.2f %8.2f %8.2f %8.2f", g->cfg->label,
-               g->cfg->ef ? "yes" : "no", g->acc, range, d, human_bytes(g->bytes, b, sizeof b),
+        char b[32], d[16] = "-", ci[32] = "-", sd[16] = "-";
+        if (k > 0 && g->pairs) snprintf(d, sizeof d, "%+.2f", g->diff);
+        if (k > 0 && g->pairs > 1) {
+            snprintf(ci, sizeof ci, "[%+.2f,%+.2f]", g->diff - g->diff_hw, g->diff + g->diff_hw);
+            if (g->diff_hw > widest) widest = g->diff_hw;
+        }
+        if (g->seeds > 1) snprintf(sd, sizeof sd, "%.2f", g->acc_sd);
+        printf("%-15s %3s %7.2f %5s %8s %15s %12s %7.1f %7.2f %7.2f %7.2f %7.2f", g->cfg->label,
+               g->cfg->ef ? "yes" : "no", g->acc, sd, d, ci, human_bytes(g->bytes, b, sizeof b),
                group_ratio(g), g->compute_s, g->codec_s, g->network_s, g->wall_s);
         if (o->target_acc > 0) {
             if (g->t_target >= 0)
@@ -284,17 +331,25 @@ static void print_sweep_table(const train_options *o, const train_record *recs, 
                 printf(" %9s", "never");
         }
         printf("\n");
-        if (k > 0 && dense.seeds && g->acc >= dense.acc - 0.5 &&
+        if (k > 0 && g->pairs > 1 && g->diff - g->diff_hw >= -TRAIN_WITHIN &&
             (!best || group_ratio(g) > group_ratio(best)))
             best = g;
     }
-    if (o->seeds > 1)
-        printf("# acc%%: mean final test accuracy over %d seeds; range: lowest..highest\n",
-               o->seeds);
-    if (best)
-        printf("# fewest bytes within 0.5 point of dense: %s%s, %.1fx fewer, %.2f%% "
-               "(dense %.2f%%)\n", best->cfg->label, best->cfg->ef ? " +EF" : "",
-               group_ratio(best), best->acc, dense.acc);
+    if (o->seeds > 1) {
+        printf("# acc%%: mean final test accuracy over %d seeds, sd its standard deviation; "
+               "vs-dense: the mean over seeds of (row - dense) on the same seed, and its 95%% "
+               "t-interval (widest half-width here: %.2f)\n", o->seeds, widest);
+        if (best)
+            printf("# fewest bytes with the whole interval above -%.1f point: %s%s, %.1fx "
+                   "fewer, %.2f%% (%+.2f, interval [%+.2f,%+.2f]; dense %.2f%%)\n",
+                   TRAIN_WITHIN, best->cfg->label, best->cfg->ef ? " +EF" : "",
+                   group_ratio(best), best->acc, best->diff, best->diff - best->diff_hw,
+                   best->diff + best->diff_hw, dense.acc);
+        else
+            printf("# no row has its whole interval above -%.1f point\n", TRAIN_WITHIN);
+    } else {
+        printf("# one seed: no intervals (give --seeds 2 or more to compare rows)\n");
+    }
 }
 
 static void print_csv(const train_options *o, const train_record *recs, int n) {
@@ -338,7 +393,10 @@ static void print_json(const train_options *o, const train_record *recs, int n) 
     json_string(o->provider ? o->provider : "shm");
     printf(", \"batch\": %zu, \"lr\": %g, \"momentum\": %g, \"epochs\": %d, \"seed\": %llu,\n",
            o->batch, o->lr, o->momentum, o->epochs, (unsigned long long)o->seed);
-    printf(" \"mode\": ");
+    char sched[96];
+    printf(" \"schedule\": ");
+    json_string(schedule_text(o, sched, sizeof sched));
+    printf(", \"mode\": ");
     json_string(o->mode == TRAIN_MODE_LOCALSGD ? "localsgd" : "allreduce");
     printf(", \"local_steps\": %d, \"small\": %d, \"small_codec\": ", o->local_steps, o->small);
     json_string(o->small_codec);
@@ -350,6 +408,12 @@ static void print_json(const train_options *o, const train_record *recs, int n) 
         json_string(o->runs[k].codec);
         printf(", \"bucket_codec\": ");
         json_string(o->runs[k].small_codec);
+        if (o->runs[k].adapt) {
+            printf(", \"adapt\": {\"method\": \"accordion\", \"high\": ");
+            json_string(o->runs[k].adapt_high);
+            printf(", \"eta\": %g, \"every\": %d}", o->runs[k].adapt_eta,
+                   o->runs[k].adapt_every);
+        }
         printf(", \"ef\": %s, \"seed\": %llu, \"group\": %d, \"local_steps\": %d, "
                "\"local_momentum\": %s, \"mask_momentum\": %s, \"evaluations\": [",
                o->runs[k].ef ? "true" : "false", (unsigned long long)o->runs[k].seed,
@@ -399,6 +463,15 @@ void train_report(const train_options *o, const train_record *recs, int n) {
 
 /* ---------------------------------------------------------------- plot */
 
+/* What the plot's title calls the model. */
+static const char *model_title(model_kind kind) {
+    switch (kind) {
+    case MODEL_SOFTMAX: return "softmax regression 784-10";
+    case MODEL_MLP: return "MLP 784-256-10";
+    default: return "CNN conv5x5x16-conv5x5x32-fc128-10";
+    }
+}
+
 int train_plot(const train_options *o, const train_record *recs, int n) {
     char gp[4096];
     if (bench_find_program("GNUPLOT", NULL, "gnuplot", gp, sizeof gp) != 0) {
@@ -419,45 +492,56 @@ int train_plot(const train_options *o, const train_record *recs, int n) {
     group_sum dense;
     summarize(o, recs, n, 0, &dense);
     /* One data block per series: error feedback or not; group means. */
-    for (int ef = 0; ef <= 1; ef++) {
-        fprintf(f, "$EF%d << EOD\n", ef);
+    /* One data block per series: without error feedback ($S0), with it
+     * ($S1), Accordion ($S2); group means. */
+    double lowest = dense.seeds ? dense.acc : 100.0;
+    for (int series = 0; series <= 2; series++) {
+        fprintf(f, "$S%d << EOD\n", series);
         for (int k = 0; k < group_count(o); k++) {
             group_sum g;
             summarize(o, recs, n, k, &g);
-            if (!g.cfg || g.seeds == 0 || g.cfg->ef != ef || g.bytes <= 0) continue;
-            fprintf(f, "%.6g %.4f %.4f %.4f \"%s\"\n", g.bytes, g.acc, g.acc_min, g.acc_max,
+            if (!g.cfg || g.seeds == 0 || g.bytes <= 0) continue;
+            if (g.cfg->adapt ? series != 2 : series != g.cfg->ef) continue;
+            double hw = g.pairs > 1 ? g.diff_hw : 0.0;
+            fprintf(f, "%.6g %.4f %.4f %.4f \"%s\"\n", g.bytes, g.acc, g.acc - hw, g.acc + hw,
                     g.cfg->label);
+            if (g.acc - hw < lowest) lowest = g.acc - hw;
         }
         fprintf(f, "EOD\n");
     }
     fprintf(f,
             "set terminal png size 1200,760\n"
             "set output '%s'\n"
-            "set title 'terse: Fashion-MNIST, MLP 784-256-10, %d workers, batch %zu, %d epoch%s: "
-            "test accuracy against gradient bytes'\n"
+            "set title 'terse, Fashion-MNIST: %s, %d workers, batch %zu, %d epoch%s, %d seeds'\n"
             "set logscale x 10\n"
             "set format x '10^{%%L}'\n"
             "set xlabel 'gradient bytes sent per worker (log scale)'\n"
             "set ylabel 'test accuracy (%%)'\n"
             "set grid\n"
             "set key bottom right\n",
-            o->plot, o->workers, o->batch, o->epochs, o->epochs == 1 ? "" : "s");
+            o->plot, model_title(o->model), o->workers, o->batch, o->epochs,
+            o->epochs == 1 ? "" : "s", o->seeds);
     if (dense.seeds) {
-        fprintf(f, "set yrange [%g:%g]\n", floor(dense.acc - 12), ceil(dense.acc + 2));
+        fprintf(f, "set yrange [%g:%g]\n", floor(lowest - 0.5), ceil(dense.acc + 1));
         fprintf(f, "set arrow from graph 0, first %.4f to graph 1, first %.4f nohead dt 2 "
                    "lc rgb 'gray40'\n", dense.acc, dense.acc);
         fprintf(f, "set label 'dense' at graph 0.01, first %.4f offset 0,0.6 font ',9'\n",
                 dense.acc);
     }
-    /* Points at the seed mean, bars over the seeds' range. */
-    fprintf(f, "plot $EF0 using 1:2:3:4 with yerrorbars pt 6 ps 1.6 lc rgb '#c0392b' title "
+    /* Points at the seed mean; bars: the 95% interval of the paired difference
+     * to dense, drawn around the mean. */
+    fprintf(f, "plot $S0 using 1:2:3:4 with yerrorbars pt 6 ps 1.6 lc rgb '#c0392b' title "
                "'without error feedback', \\\n"
-               "     $EF1 using 1:2:3:4 with yerrorbars pt 7 ps 1.6 lc rgb '#1f618d' title "
+               "     $S1 using 1:2:3:4 with yerrorbars pt 7 ps 1.6 lc rgb '#1f618d' title "
                "'with error feedback', \\\n"
-               "     $EF0 using 1:2:5 with labels left offset char 1,-0.6 font ',8' "
+               "     $S2 using 1:2:3:4 with yerrorbars pt 5 ps 1.8 lc rgb '#1e8449' title "
+               "'Accordion (adaptive, with error feedback)', \\\n"
+               "     $S0 using 1:2:5 with labels left offset char 1,-0.6 font ',8' "
                "tc rgb '#c0392b' notitle, \\\n"
-               "     $EF1 using 1:2:5 with labels left offset char 1,0.6 font ',8' "
-               "tc rgb '#1f618d' notitle\n");
+               "     $S1 using 1:2:5 with labels left offset char 1,0.6 font ',8' "
+               "tc rgb '#1f618d' notitle, \\\n"
+               "     $S2 using 1:2:5 with labels right offset char -1,0.8 font ',8' "
+               "tc rgb '#1e8449' notitle\n");
     if (fclose(f) != 0) {
         unlink(script);
         fprintf(stderr, WHO ": cannot write %s\n", script);

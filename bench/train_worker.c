@@ -94,7 +94,13 @@ const char *train_spec_for(const worker *w, const run_state *r, const model_tens
 
 static void run_free(run_state *r) {
     for (size_t i = 0; i < MODEL_MAX_TENSORS; i++) {
-        terse_codec_free(r->codec[i]);
+        if (r->mild[i]) { /* codec[i] is one of the two */
+            terse_codec_free(r->mild[i]);
+            terse_codec_free(r->aggressive[i]);
+        } else {
+            terse_codec_free(r->codec[i]);
+        }
+        free(r->accum[i]);
         free(r->velocity[i]);
         free(r->anchor[i]);
     }
@@ -129,6 +135,15 @@ static terse_status make_codec(const worker *w, const run_state *r, const char *
     return s;
 }
 
+/* 1 if c is topk or randk with error feedback (what --mask-momentum masks). */
+static int is_sparsifier(const terse_codec *c) {
+    terse_codec_traits tr;
+    memset(&tr, 0, sizeof tr);
+    tr.size = sizeof tr;
+    return terse_codec_get_traits(c, &tr) == TERSE_OK && tr.error_feedback &&
+           (strcmp(tr.name, "topk") == 0 || strcmp(tr.name, "randk") == 0);
+}
+
 /* Shards: a permutation of the first n examples keyed by the run's seed,
  * dealt round-robin. */
 void train_deal_shard(worker *w, uint64_t seed) {
@@ -160,12 +175,16 @@ static int run_setup(worker *w, run_state *r, int index) {
         } else if (!dense) {
             terse_status s = make_codec(w, r, spec, t->rows, t->cols, i, &r->codec[i]);
             if (s != TERSE_OK) return train_fail(w, spec, s);
-            terse_codec_traits tr;
-            memset(&tr, 0, sizeof tr);
-            tr.size = sizeof tr;
-            if (terse_codec_get_traits(r->codec[i], &tr) == TERSE_OK && tr.error_feedback &&
-                (strcmp(tr.name, "topk") == 0 || strcmp(tr.name, "randk") == 0))
-                r->sparsifier[i] = 1;
+            if (r->cfg->adapt && spec == r->cfg->codec) {
+                /* Accordion: starts mild (the first interval is critical). */
+                r->mild[i] = r->codec[i];
+                s = make_codec(w, r, r->cfg->adapt_high, t->rows, t->cols,
+                               i + MODEL_MAX_TENSORS + 1, &r->aggressive[i]);
+                if (s != TERSE_OK) return train_fail(w, r->cfg->adapt_high, s);
+                if (!(r->accum[i] = calloc(t->n, sizeof(float))))
+                    return train_fail(w, "allocating Accordion's sums", TERSE_ERR_NOMEM);
+            }
+            r->sparsifier[i] = is_sparsifier(r->codec[i]);
         }
         r->velocity[i] = calloc(t->n, sizeof(float));
         if (!r->velocity[i]) return train_fail(w, "allocating momentum", TERSE_ERR_NOMEM);
@@ -187,6 +206,8 @@ static int run_setup(worker *w, run_state *r, int index) {
     if (!(r->order = malloc(w->shard_n * sizeof *r->order)))
         return train_fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
     r->steps_total = w->steps_per_epoch * o->epochs;
+    r->adapt_every = r->cfg->adapt_every ? r->cfg->adapt_every
+                                         : (r->steps_total >= 10 ? r->steps_total / 10 : 1);
     r->dp_stream = train_stream_key(r->cfg->seed, 0xd9, (uint64_t)w->rank);
     return 0;
 }
@@ -218,6 +239,15 @@ static int exchange(worker *w, run_state *r) {
     for (size_t i = 0; i < r->nt; i++) {
         if (r->in_bucket[i]) continue;
         model_tensor *t = model_tensor_at(r->m, i);
+        if (r->handover[i]) {
+            /* Accordion switched codecs: what the old one still owed
+             * travels now, with the new one, and nothing is lost. */
+            const float *e = terse_codec_residual(r->handover[i]);
+            if (e)
+                for (size_t j = 0; j < t->n; j++) t->grad[j] += e[j];
+            terse_codec_reset_residual(r->handover[i]);
+            r->handover[i] = NULL;
+        }
         s = terse_allreduce(w->comm, t->grad, t->n, r->codec[i], TERSE_OP_AVG);
         if (s != TERSE_OK) return train_fail(w, "allreduce", s);
     }
@@ -250,7 +280,7 @@ static int exchange(worker *w, run_state *r) {
 
 /* v = m v + g; w -= lr v, for every tensor (PyTorch's SGD with momentum). */
 static void sgd_update(const train_options *o, run_state *r) {
-    const float lr = (float)o->lr, mu = (float)o->momentum;
+    const float lr = (float)r->lr, mu = (float)o->momentum;
     for (size_t i = 0; i < r->nt; i++) {
         model_tensor *t = model_tensor_at(r->m, i);
         float *v = r->velocity[i], *p = t->value;
@@ -291,8 +321,8 @@ static void mask_momentum(run_state *r) {
 }
 
 /* w -= lr d, where d (in grad) is the averaged direction. */
-static void apply_direction(const train_options *o, run_state *r) {
-    const float lr = (float)o->lr;
+static void apply_direction(run_state *r) {
+    const float lr = (float)r->lr;
     for (size_t i = 0; i < r->nt; i++) {
         model_tensor *t = model_tensor_at(r->m, i);
         float *p = t->value;
@@ -331,10 +361,69 @@ void train_straggle(const worker *w, double t0) {
     }
 }
 
+/* Accordion (Agarwal et al., "Accordion: Adaptive Gradient Communication
+ * via Critical Learning Regime Identification", MLSys 2021), after an
+ * exchange: sum each adaptive tensor's averaged gradient, and every
+ * adapt_every steps compare the sum's norm with the previous interval's. A
+ * relative change of at least eta marks a critical regime: the mild codec
+ * for the next interval; otherwise the aggressive one. The sums come from
+ * all-reduced gradients, and rank 0 broadcasts its norms too, so every
+ * rank takes the same decision whatever its arithmetic. */
+static int adapt(worker *w, run_state *r) {
+    float norm[MODEL_MAX_TENSORS] = {0};
+    int any = 0;
+    for (size_t i = 0; i < r->nt; i++) {
+        if (!r->mild[i]) continue;
+        /* The step counts as mild by the first adaptive tensor's codec. */
+        if (!any && r->codec[i] == r->mild[i]) r->mild_steps++;
+        any = 1;
+        float *a = r->accum[i];
+        const float *g = model_tensor_at(r->m, i)->grad;
+        size_t n = model_tensor_at(r->m, i)->n;
+        for (size_t j = 0; j < n; j++) a[j] += g[j];
+    }
+    if (!any || (r->step + 1) % r->adapt_every != 0) return 0;
+    for (size_t i = 0; i < r->nt; i++) {
+        if (!r->mild[i]) continue;
+        double sq = 0;
+        size_t n = model_tensor_at(r->m, i)->n;
+        for (size_t j = 0; j < n; j++) sq += (double)r->accum[i][j] * r->accum[i][j];
+        norm[i] = (float)sqrt(sq);
+        memset(r->accum[i], 0, n * sizeof(float));
+    }
+    /* The broadcast's bytes count as the run's, like the exchanges'. */
+    terse_comm_stats s0 = TERSE_COMM_STATS_INIT, s1 = TERSE_COMM_STATS_INIT;
+    terse_status s = terse_comm_get_stats(w->comm, &s0);
+    if (s == TERSE_OK) s = terse_broadcast(w->comm, norm, r->nt * sizeof *norm, 0);
+    if (s == TERSE_OK) s = terse_comm_get_stats(w->comm, &s1);
+    if (s != TERSE_OK) return train_fail(w, "agreeing on Accordion's norms", s);
+    r->t.bytes += (double)(s1.wire_bytes_sent - s0.wire_bytes_sent);
+    int logged = 0;
+    for (size_t i = 0; i < r->nt; i++) {
+        if (!r->mild[i]) continue;
+        size_t len = strlen(r->adapt_log);
+        if (!logged++ && len + 1 < sizeof r->adapt_log) {
+            r->adapt_log[len] = r->codec[i] == r->mild[i] ? 'M' : 'a';
+            r->adapt_log[len + 1] = '\0';
+        }
+        double prev = r->prev_norm[i], now = norm[i];
+        int critical = prev <= 0 || fabs(now - prev) / prev >= r->cfg->adapt_eta;
+        r->prev_norm[i] = now;
+        terse_codec *next = critical ? r->mild[i] : r->aggressive[i];
+        if (next != r->codec[i]) {
+            r->handover[i] = r->codec[i];
+            r->codec[i] = next;
+            r->sparsifier[i] = is_sparsifier(next);
+        }
+    }
+    return 0;
+}
+
 /* One step: forward/backward on the next batch, then exchange and update. */
 static int train_step(worker *w, run_state *r, const size_t *order, long k) {
     const train_options *o = w->o;
     double t0 = bench_now();
+    r->lr = train_lr_at(o, r->step, r->steps_total);
     train_fill_batch(w, &w->train, order, (size_t)k * o->batch, o->batch);
     double loss = model_forward_backward(r->m, w->x, w->y, o->batch);
     train_straggle(w, t0);
@@ -349,9 +438,12 @@ static int train_step(worker *w, run_state *r, const size_t *order, long k) {
         double t2 = bench_now();
         if (r->cfg->mask_momentum) mask_momentum(r);
         if (r->cfg->local_momentum)
-            apply_direction(o, r);
+            apply_direction(r);
         else
             sgd_update(o, r);
+        /* After the masking, which reads the residual of the codec that just
+         * sent; the update leaves the averaged gradient in grad. */
+        if (r->cfg->adapt && adapt(w, r) != 0) return -1;
         double t3 = bench_now();
         r->t.compute_s += t3 - t2;
         r->t.wall_s += t3 - t0;
@@ -517,6 +609,10 @@ static int train_run_one(worker *w, int index) {
         }
         if (rc == 0) rc = evaluate(w, &r, e, e == o->epochs);
     }
+    if (rc == 0 && r.cfg->adapt && w->rank == 0 && !o->quiet)
+        fprintf(stderr, WHO ": [%d/%zu] accordion: the first adaptive tensor was mild on %ld "
+                        "of %ld steps; per interval of %ld steps: %s (M mild, a aggressive)\n",
+                r.index + 1, o->n_runs, r.mild_steps, r.step, r.adapt_every, r.adapt_log);
     run_free(&r);
     return rc;
 }

@@ -50,12 +50,23 @@ typedef struct {
     int in_bucket[MODEL_MAX_TENSORS];       /* packed into the bucket */
     int sparsifier[MODEL_MAX_TENSORS];      /* topk or randk with ef=1 */
     terse_codec *bucket_codec;              /* NULL: the bucket travels dense */
+    /* Accordion (train_run.adapt): codec[i] is the active one of mild[i]
+     * and aggressive[i]; handover[i], the codec just left, whose residual the
+     * next exchange adds to the gradient; accum[i], the averaged gradient
+     * summed since the last decision; prev_norm[i], its norm at that one. */
+    terse_codec *mild[MODEL_MAX_TENSORS], *aggressive[MODEL_MAX_TENSORS];
+    terse_codec *handover[MODEL_MAX_TENSORS];
+    float *accum[MODEL_MAX_TENSORS];
+    double prev_norm[MODEL_MAX_TENSORS];
+    long mild_steps, adapt_every; /* steps the first adaptive tensor spent mild */
+    char adapt_log[128];          /* its codec per interval: M mild, a aggressive */
     float *velocity[MODEL_MAX_TENSORS];
     float *anchor[MODEL_MAX_TENSORS]; /* Local SGD: the model at the last average */
     float *fused;                     /* the bucket: small (or dense) tensors, packed */
     size_t fused_n;
     size_t *order; /* this epoch's order of the shard */
     long exchanges, step, steps_total, unsynced;
+    double lr; /* this step's learning rate (train_lr_at) */
     uint64_t dp_stream;
     tally t;
 } run_state;

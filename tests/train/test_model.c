@@ -1,8 +1,10 @@
-/* The models of `terse-bench train` (bench/model.c): analytic gradients against
- * central finite differences (and a control that shows the check can fail),
- * the loss against an independent double-precision forward, determinism,
- * nn.Linear's initial range, that SGD learns a separable problem, and the
- * answers to bad input. */
+/* The models of `terse-bench train` (bench/model.c), the softmax and the MLP,
+ * and what all three share: analytic gradients against central finite
+ * differences (and a control that shows the check can fail), the loss against
+ * an independent double-precision forward, determinism, nn.Linear's and
+ * nn.Conv2d's initial range, that SGD learns a separable problem, and the
+ * answers to bad input. The CNN's own tests are in test_cnn.c; the helpers
+ * both use, in model_check.h. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -10,50 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model_check.h"
 #include "train.h"
-
-/* ---- a fixed generator, so every run sees the same data */
-
-typedef struct {
-    uint64_t s;
-} rng;
-
-static uint64_t rng_next(rng *r) {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
-static double rng_uniform(rng *r) { return (double)(rng_next(r) >> 11) * 0x1p-53; }
-
-static size_t rng_below(rng *r, size_t n) { return (size_t)(rng_uniform(r) * (double)n); }
-
-/* Irwin-Hall of 12 uniforms: close enough to a standard normal for blobs. */
-static double rng_normal(rng *r) {
-    double s = 0.0;
-    for (int i = 0; i < 12; i++) s += rng_uniform(r);
-    return s - 6.0;
-}
-
-/* b inputs uniform in [0, 1] with uniform labels. */
-static void random_batch(float *x, uint8_t *y, size_t b, uint64_t seed) {
-    rng r = {seed};
-    for (size_t i = 0; i < b * MODEL_INPUTS; i++) x[i] = (float)rng_uniform(&r);
-    for (size_t i = 0; i < b; i++) y[i] = (uint8_t)rng_below(&r, MODEL_CLASSES);
-}
-
-static model *create_ok(model_kind kind, size_t max_batch, uint64_t seed) {
-    model *m = model_create(kind, max_batch, seed);
-    cr_assert_not_null(m, "model_create(%s, %zu) failed", model_kind_name(kind), max_batch);
-    return m;
-}
-
-static model_tensor *tensor(model *m, size_t i) {
-    model_tensor *t = model_tensor_at(m, i);
-    cr_assert_not_null(t);
-    return t;
-}
 
 /* ---- an independent reference in double: plain loops over the tensors */
 
@@ -101,8 +61,6 @@ static double ref_loss(model *m, model_kind kind, const float *x, const uint8_t 
 
 /* ---- the gradient check */
 
-#define GC_BATCH 8
-#define GC_SAMPLES 40 /* random coordinates per weight matrix; biases are checked whole */
 #define GC_TOL 1e-2
 /* The differences are of the model's float forward, whose rounding (~1e-8 in
  * the loss) divided by the step is the check's noise: the worst MLP error was
@@ -110,14 +68,6 @@ static double ref_loss(model *m, model_kind kind, const float *x, const uint8_t 
  * crosses more ReLU kinks (skipped below: 26% of coordinates at 1e-2, 11% at
  * 3e-3), and without the skip about 15 coordinates fail at 3e-3. */
 #define GC_EPS 3e-3
-
-typedef struct {
-    size_t checked, skipped, failed;
-    double worst;           /* largest relative error among the checked */
-    size_t worst_tensor, worst_index;
-} check_result;
-
-static double rel_error(double a, double n) { return fabs(a - n) / fmax(fabs(a) + fabs(n), 1e-4); }
 
 /* Would moving parameter idx of tensor ti by +-eps flip some hidden unit's
  * ReLU? Then the loss has a kink inside the difference and the difference
@@ -162,59 +112,23 @@ static check_result grad_check(model *m, model_kind kind, float *const *analytic
     rng r = {seed};
     for (size_t ti = 0; ti < model_tensor_count(m); ti++) {
         model_tensor *t = tensor(m, ti);
-        int whole = t->cols == 1;
-        size_t count = whole ? t->n : GC_SAMPLES;
-        for (size_t s = 0; s < count; s++) {
-            size_t idx = whole ? s : rng_below(&r, t->n);
+        for (size_t s = 0; s < gc_coordinates(t); s++) {
+            size_t idx = gc_coordinate(t, s, &r);
             if (pre && crosses_kink(pre, x, b, ti, idx, GC_EPS)) {
                 res.skipped++;
                 continue;
             }
             double n = numeric_grad(m, &t->value[idx], x, y, b, GC_EPS);
-            double e = rel_error(analytic[ti][idx], n);
-            res.checked++;
-            if (e > GC_TOL) res.failed++;
-            if (e > res.worst) {
-                res.worst = e;
-                res.worst_tensor = ti;
-                res.worst_index = idx;
-            }
+            gc_record(&res, analytic[ti][idx], n, GC_TOL, ti, idx);
         }
     }
     free(pre);
     return res;
 }
 
-/* A model, a random batch and a copy of its analytic gradients on it. */
-typedef struct {
-    model *m;
-    float x[GC_BATCH * MODEL_INPUTS];
-    uint8_t y[GC_BATCH];
-    float *grads[MODEL_MAX_TENSORS];
-    double loss;
-} gc_setup;
-
-static void gc_prepare(gc_setup *g, model_kind kind) {
-    g->m = create_ok(kind, GC_BATCH, 42);
-    random_batch(g->x, g->y, GC_BATCH, 7);
-    g->loss = model_forward_backward(g->m, g->x, g->y, GC_BATCH);
-    cr_assert(isfinite(g->loss));
-    for (size_t i = 0; i < model_tensor_count(g->m); i++) {
-        model_tensor *t = tensor(g->m, i);
-        g->grads[i] = malloc(t->n * sizeof(float));
-        cr_assert_not_null(g->grads[i]);
-        memcpy(g->grads[i], t->grad, t->n * sizeof(float));
-    }
-}
-
-static void gc_release(gc_setup *g) {
-    for (size_t i = 0; i < model_tensor_count(g->m); i++) free(g->grads[i]);
-    model_free(g->m);
-}
-
 static void check_gradients(model_kind kind) {
     static gc_setup g;
-    gc_prepare(&g, kind);
+    gc_prepare(&g, kind, GC_BATCH);
     double ref = ref_loss(g.m, kind, g.x, g.y, GC_BATCH);
     cr_expect(fabs(g.loss - ref) < 1e-5, "%s: loss %.9g, double reference %.9g",
               model_kind_name(kind), g.loss, ref);
@@ -237,7 +151,7 @@ Test(model_gradients, mlp_matches_central_differences) { check_gradients(MODEL_M
  * whole tensor, or one coordinate zeroed. */
 static void check_control(model_kind kind) {
     static gc_setup g;
-    gc_prepare(&g, kind);
+    gc_prepare(&g, kind, GC_BATCH);
     size_t last = model_tensor_count(g.m) - 1; /* the output bias: checked whole */
     size_t nw = tensor(g.m, last - 1)->n, n = tensor(g.m, last)->n, big = 0;
     for (size_t i = 0; i < nw; i++) g.grads[last - 1][i] *= 1.1f;
@@ -270,11 +184,7 @@ Test(model, tensors_have_the_documented_names_shapes_and_alignment) {
     size_t total = 0;
     for (size_t i = 0; i < 4; i++) {
         model_tensor *t = tensor(m, i);
-        cr_expect_str_eq(t->name, mlp_names[i]);
-        cr_expect(t->rows == shape[i][0] && t->cols == shape[i][1] && t->n == t->rows * t->cols,
-                  "%s is %zu x %zu (n %zu)", t->name, t->rows, t->cols, t->n);
-        cr_expect_eq((uintptr_t)t->value % 64, 0);
-        cr_expect_eq((uintptr_t)t->grad % 64, 0);
+        expect_tensor_shape(t, mlp_names[i], shape[i][0], shape[i][1]);
         total += t->n;
     }
     cr_expect_eq(model_param_count(m), total);
@@ -292,13 +202,25 @@ Test(model, tensors_have_the_documented_names_shapes_and_alignment) {
     model_free(m);
 }
 
-/* nn.Linear: U(+-1/sqrt(fan_in)), fan_in 784 for the first layer (and the
- * softmax), 256 for the second; and the draw fills that range. */
+/* The fan_in nn.Linear or nn.Conv2d gives each tensor (a bias shares its layer's). */
+static double fan_in_of(model_kind kind, const char *name) {
+    if (kind != MODEL_CNN) return strchr(name, '2') ? MODEL_HIDDEN : MODEL_INPUTS;
+    switch (name[1]) {
+    case '1': return 25;        /* 1 channel x 5 x 5 */
+    case '2': return 16 * 25;   /* 16 channels x 5 x 5 */
+    case '3': return CNN_FEAT;
+    default: return CNN_FC;
+    }
+}
+
+/* nn.Linear and nn.Conv2d: U(+-1/sqrt(fan_in)), fan_in 784 for the first layer
+ * (and the softmax), 256 for the second; the CNN's as fan_in_of says; and the
+ * draw fills that range. */
 static void check_init_range(model_kind kind) {
     model *m = create_ok(kind, 1, 2024);
     for (size_t i = 0; i < model_tensor_count(m); i++) {
         model_tensor *t = tensor(m, i);
-        double fan_in = strchr(t->name, '2') ? MODEL_HIDDEN : MODEL_INPUTS;
+        double fan_in = fan_in_of(kind, t->name);
         float bound = (float)(1.0 / sqrt(fan_in));
         float top = 0.0f;
         double mean = 0.0;
@@ -322,6 +244,7 @@ static void check_init_range(model_kind kind) {
 Test(model, initial_values_lie_within_nn_linear_bounds) {
     check_init_range(MODEL_SOFTMAX);
     check_init_range(MODEL_MLP);
+    check_init_range(MODEL_CNN);
 }
 
 static void check_determinism(model_kind kind) {
@@ -336,6 +259,9 @@ static void check_determinism(model_kind kind) {
     /* Distinct tensors of one shape must not repeat each other's draws. */
     if (kind == MODEL_MLP) {
         cr_expect(memcmp(tensor(a, 2)->value, tensor(a, 3)->value, 10 * sizeof(float)) != 0);
+    }
+    if (kind == MODEL_CNN) { /* k1 and c1 share a bound */
+        cr_expect(memcmp(tensor(a, 0)->value, tensor(a, 1)->value, 16 * sizeof(float)) != 0);
     }
 
     static float x[16 * MODEL_INPUTS];
@@ -370,73 +296,14 @@ static void check_determinism(model_kind kind) {
 Test(model, same_seed_same_bits_and_repeatable_gradients) {
     check_determinism(MODEL_SOFTMAX);
     check_determinism(MODEL_MLP);
+    check_determinism(MODEL_CNN);
 }
 
 /* ---- learning */
 
-#define BLOB_TRAIN 2048
-#define BLOB_TEST 512
-#define BLOB_BATCH 64
+Test(model_learning, softmax_sgd_separates_ten_blobs) { check_learns(MODEL_SOFTMAX, 200, 0.1f); }
 
-/* Ten Gaussian blobs: class c has a random centre in [0, 1]^784; a sample is
- * its centre plus N(0, 0.3^2) noise per pixel, clamped to [0, 1] as pixels are. */
-static void make_blobs(const float *centres, float *x, uint8_t *y, size_t n, rng *r) {
-    for (size_t i = 0; i < n; i++) {
-        size_t c = rng_below(r, MODEL_CLASSES);
-        y[i] = (uint8_t)c;
-        for (size_t k = 0; k < MODEL_INPUTS; k++) {
-            double v = centres[c * MODEL_INPUTS + k] + 0.3 * rng_normal(r);
-            x[i * MODEL_INPUTS + k] = (float)fmin(fmax(v, 0.0), 1.0);
-        }
-    }
-}
-
-static double mean_loss(model *m, const float *x, const uint8_t *y, size_t n, size_t *correct) {
-    double total = 0.0;
-    size_t right = 0;
-    for (size_t i = 0; i < n; i += BLOB_BATCH) {
-        size_t got = 0;
-        total += model_evaluate(m, x + i * MODEL_INPUTS, y + i, BLOB_BATCH, &got) * BLOB_BATCH;
-        right += got;
-    }
-    if (correct) *correct = right;
-    return total / (double)n;
-}
-
-static void check_learns(model_kind kind) {
-    static float centres[MODEL_CLASSES * MODEL_INPUTS];
-    static float xtrain[BLOB_TRAIN * MODEL_INPUTS], xtest[BLOB_TEST * MODEL_INPUTS];
-    static uint8_t ytrain[BLOB_TRAIN], ytest[BLOB_TEST];
-    rng r = {314};
-    for (size_t i = 0; i < MODEL_CLASSES * MODEL_INPUTS; i++) centres[i] = (float)rng_uniform(&r);
-    make_blobs(centres, xtrain, ytrain, BLOB_TRAIN, &r);
-    make_blobs(centres, xtest, ytest, BLOB_TEST, &r);
-
-    model *m = create_ok(kind, BLOB_BATCH, 3);
-    double start = mean_loss(m, xtrain, ytrain, BLOB_TRAIN, NULL);
-    for (size_t step = 0; step < 200; step++) {
-        size_t at = (step * BLOB_BATCH) % BLOB_TRAIN;
-        double l = model_forward_backward(m, xtrain + at * MODEL_INPUTS, ytrain + at, BLOB_BATCH);
-        cr_assert(isfinite(l), "%s: step %zu loss %g", model_kind_name(kind), step, l);
-        for (size_t i = 0; i < model_tensor_count(m); i++) {
-            model_tensor *t = tensor(m, i);
-            for (size_t k = 0; k < t->n; k++) t->value[k] -= 0.1f * t->grad[k];
-        }
-    }
-    double end = mean_loss(m, xtrain, ytrain, BLOB_TRAIN, NULL);
-    size_t correct = 0;
-    mean_loss(m, xtest, ytest, BLOB_TEST, &correct);
-    double acc = 100.0 * (double)correct / BLOB_TEST;
-    cr_log_info("%s: training loss %.4f -> %.4f, held-out accuracy %.1f%%", model_kind_name(kind),
-                start, end, acc);
-    cr_expect(end < start / 2, "%s: loss %.4f -> %.4f", model_kind_name(kind), start, end);
-    cr_expect(acc > 90.0, "%s: accuracy %.1f%%", model_kind_name(kind), acc);
-    model_free(m);
-}
-
-Test(model_learning, softmax_sgd_separates_ten_blobs) { check_learns(MODEL_SOFTMAX); }
-
-Test(model_learning, mlp_sgd_separates_ten_blobs) { check_learns(MODEL_MLP); }
+Test(model_learning, mlp_sgd_separates_ten_blobs) { check_learns(MODEL_MLP, 200, 0.1f); }
 
 /* ---- evaluation and bad input */
 
@@ -461,10 +328,10 @@ Test(model, evaluate_counts_argmax_with_ties_to_the_lower_class) {
 }
 
 Test(model, bad_batches_give_nan_and_touch_nothing) {
-    model_kind kinds[2] = {MODEL_SOFTMAX, MODEL_MLP};
+    model_kind kinds[3] = {MODEL_SOFTMAX, MODEL_MLP, MODEL_CNN};
     static float x[5 * MODEL_INPUTS];
     uint8_t y[5] = {1, 2, 3, 4, 5};
-    for (size_t k = 0; k < 2; k++) {
+    for (size_t k = 0; k < 3; k++) {
         model *m = create_ok(kinds[k], 4, 1);
         for (size_t i = 0; i < 5 * MODEL_INPUTS; i++) x[i] = (float)(i % 251) / 250.0f;
         cr_assert(isfinite(model_forward_backward(m, x, y, 4)));
@@ -506,6 +373,7 @@ Test(model, bad_batches_give_nan_and_touch_nothing) {
         model_free(m);
     }
     cr_expect_null(model_create(MODEL_MLP, 0, 1));
+    cr_expect_null(model_create(MODEL_CNN, 0, 1));
     cr_expect_null(model_create((model_kind)7, 4, 1));
     model_free(NULL);
     cr_expect_eq(model_tensor_count(NULL), 0);
@@ -518,7 +386,9 @@ Test(model, kind_names_parse_and_print) {
     cr_expect_eq(k, MODEL_SOFTMAX);
     cr_expect_eq(model_kind_parse("mlp", &k), 0);
     cr_expect_eq(k, MODEL_MLP);
-    const char *bad[] = {"", "MLP", "mlp ", "soft", "softmax2", "linear"};
+    cr_expect_eq(model_kind_parse("cnn", &k), 0);
+    cr_expect_eq(k, MODEL_CNN);
+    const char *bad[] = {"", "MLP", "mlp ", "soft", "softmax2", "linear", "CNN", "cnn2", "conv"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         k = MODEL_SOFTMAX;
         cr_expect_eq(model_kind_parse(bad[i], &k), -1, "\"%s\" accepted", bad[i]);
@@ -527,4 +397,5 @@ Test(model, kind_names_parse_and_print) {
     cr_expect_eq(model_kind_parse(NULL, &k), -1);
     cr_expect_str_eq(model_kind_name(MODEL_SOFTMAX), "softmax");
     cr_expect_str_eq(model_kind_name(MODEL_MLP), "mlp");
+    cr_expect_str_eq(model_kind_name(MODEL_CNN), "cnn");
 }
