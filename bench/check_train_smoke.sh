@@ -168,6 +168,14 @@ if "$bench" train "${tiny[@]}" --plot "$tmp/sweep.png" >"$tmp/sweep.txt" 2>"$tmp
     got=$(awk '/^qsgd 4-bit +yes / { print $(NF - 8), $(NF - 7) }' "$tmp/sweep.txt")
     [[ $got == "$want" ]] ||
         { bad "sweep: qsgd 4-bit +EF shows '$got', the CSV gives '$want'"; cat "$tmp/sweep.txt"; }
+    # The row's sd: the standard deviation of its own accuracies over seeds.
+    want=$(awk -F, 'NR > 1 && $8 == 1 && $4 == 1 && $19 == "\"qsgd 4-bit\"" { x[++n] = $9; m += $9 }
+                    END { m /= n; for (i = 1; i <= n; i++) v += (x[i] - m) ^ 2
+                          printf "%.2f", sqrt(v / (n - 1)) }' "$tmp/sweep.csv")
+    got=$(awk '/^qsgd 4-bit +yes / { print $(NF - 9) }' "$tmp/sweep.txt")
+    [[ $got == "$want" ]] || bad "sweep: qsgd 4-bit +EF's sd is '$got', the CSV gives '$want'"
+    grep -q "^# fewest bytes with the whole interval above -0.5 point\|^# no row has its whole interval" \
+        "$tmp/sweep.txt" || bad "sweep: no summary line"
     grep -q "^accordion r4/r2 " "$tmp/sweep.txt" || bad "sweep: no accordion row"
     if [[ ! -s $tmp/sweep.png ]] || [[ $(head -c 4 "$tmp/sweep.png" | od -An -tx1 | tr -d ' ') != 89504e47 ]]; then
         bad "sweep: no PNG written"
@@ -248,6 +256,15 @@ expect_fail 2 "expected accordion:low=SPEC,high=SPEC" --adapt accordion:low=int8
 expect_fail 2 "drop --codec" --adapt accordion:low=int8,high=sign --codec fp16
 expect_fail 2 "adapt high" --adapt accordion:low=int8,high=bogus
 expect_fail 2 "tensor of the cnn model (k1 c1" --model cnn --codec-for w1=int8
+# The launcher checks each codec against the tensors it will really serve:
+# b1 leaves the bucket, so the bucket is 2570 values, too few for k=2700 ...
+expect_fail 2 "for a 2570x1 tensor" --codec int8 --small-codec topk:k=2700 --codec-for b1=int8
+# ... and a tensor moved out of --codec's reach no longer has to fit it.
+run moved --small 0 --codec topk:k=500 --codec-for b1=dense --codec-for b2=dense ||
+    bad "a --codec that fits every tensor it serves was refused"
+expect_fail 2 "none would adapt" --codec-for w1=int8 \
+    --adapt accordion:low=powersgd:rank=4,ef=1,high=powersgd:rank=1,ef=1
+expect_fail 2 "the cnn's sweep is --sweep" --sweep-full --model cnn
 expect_fail 2 "localsgd" --mode localsgd:0
 expect_fail 2 "clip=C,noise=S" --dp clip=1
 expect_fail 2 "unknown option" --frobnicate

@@ -57,7 +57,8 @@ static void usage(FILE *f) {
 "                        x0.1 at each fraction Fi of the steps (e.g.\n"
 "                        step:0.5,0.75); none: constant --lr, the setting of\n"
 "                        bench/torch_ddp_baseline.py (ps mode: none only)\n"
-"  --warmup F            warm-up over the first fraction F of the steps (0.05)\n"
+"  --warmup F            warm-up over the first fraction F of the steps, for\n"
+"                        cosine and step (0.05)\n"
 "  --momentum X          SGD momentum, PyTorch's form v = m v + g (0.9)\n"
 "  --momentum-at W       global (default): momentum on the averaged gradient,\n"
 "                        as PyTorch DDP does; local: each worker's momentum is\n"
@@ -68,7 +69,7 @@ static void usage(FILE *f) {
 "                        ef=1, and leaves every other tensor alone\n"
 "  --seed N              initialisation, sharding, shuffling, codec draws (1)\n"
 "  --seeds K             run every configuration with seeds N..N+K-1 and report\n"
-"                        the mean and range (1; the sweep: 5)\n"
+"                        the mean and range (1; the sweep: 7, the cnn's: 4)\n"
 "  --mode allreduce      synchronous SGD: average gradients every step (default)\n"
 "  --mode localsgd:H     Local SGD: H local steps, then average the models\n"
 "                        (what travels is the model change since the last\n"
@@ -87,26 +88,32 @@ static void usage(FILE *f) {
 "                        coordinate, before compression (see DP below)\n"
 "\n"
 "compression and transport:\n"
-"  --codec SPEC          codec for the large tensors (mlp: w1; softmax: w), or\n"
+"  --codec SPEC          codec for the large tensors (mlp: w1; softmax: w;\n"
+"                        cnn: k2 and w3), or\n"
 "                        'dense' (default); e.g. topk:ratio=0.01,ef=1 or\n"
 "                        powersgd:rank=4,ef=1\n"
 "  --small N             tensors under N elements (4096: the MLP's b1, w2 10x256\n"
-"                        and b2; the softmax's b) travel together in one bucket,\n"
+"                        and b2; the softmax's b; the cnn's k1, w4 and biases)\n"
+"                        travel together in one bucket,\n"
 "                        as DDP buckets them; 0 puts every tensor under --codec\n"
 "  --small-codec SPEC    the bucket's codec in compressed runs (dense; the sweep\n"
 "                        uses int8:ef=1); a dense run keeps it dense\n"
-"  --codec-for T=SPEC    codec for tensor T alone (mlp: w1 b1 w2 b2; softmax: w\n"
-"                        b), out of the bucket; repeatable, once per tensor\n"
+"  --codec-for T=SPEC    codec for tensor T alone (tensor names: --model), out\n"
+"                        of the bucket; repeatable, once per tensor\n"
 "  --adapt accordion:low=SPEC,high=SPEC[,eta=X][,every=K]\n"
 "                        Accordion (Agarwal et al., MLSys 2021): every K steps\n"
-"                        (a tenth of the run) each compressed tensor takes the\n"
-"                        mild codec low if the norm of its averaged gradient\n"
+"                        (a tenth of the run) each tensor under --codec takes\n"
+"                        the mild codec low if the norm of its averaged\n"
+"                        gradient (with --momentum-at local: of what travels)\n"
 "                        summed over the last K steps changed by at least X\n"
 "                        (0.5) relative to the K steps before (a critical\n"
-"                        regime; the first K steps always are), else the\n"
-"                        aggressive codec high. Every rank decides from the\n"
-"                        same all-reduced norms; a switch hands the old codec's\n"
-"                        error-feedback residual to the new one. Replaces --codec\n"
+"                        regime), else the aggressive codec high; the first\n"
+"                        2K steps are mild (a comparison needs two sums). The\n"
+"                        bucket and --codec-for tensors keep their codecs.\n"
+"                        Every rank decides from the same all-reduced norms; a\n"
+"                        switch hands the old codec's error-feedback residual\n"
+"                        to the new codec (give both ef=1, or the new one drops\n"
+"                        what it cannot send). Replaces --codec\n"
 "  --provider P          shm (default), tcp, auto, verbs, efa\n"
 "\n"
 "data and evaluation:\n"
@@ -452,21 +459,40 @@ static int check_shape(const char *spec, const char *where, size_t rows, size_t 
     return 0;
 }
 
-/* large: spec is for the tensors of --small elements and more; otherwise
- * for the small-tensor bucket. */
-static int check_spec(const train_options *o, const char *spec, const char *where, int large) {
+/* The --codec-for spec of tensor `name`, or NULL. */
+static const char *override_for(const train_options *o, const char *name) {
+    size_t len = strlen(name);
+    for (size_t i = 0; i < o->n_overrides; i++)
+        if (strncmp(o->overrides[i], name, len) == 0 && o->overrides[i][len] == '=')
+            return o->overrides[i] + len + 1;
+    return NULL;
+}
+
+/* large: spec is the run's codec, for the tensors of --small elements and
+ * more that no --codec-for takes; otherwise the small-tensor bucket's, for
+ * the others that no --codec-for takes (the rule of train_spec_for). *users
+ * (if not NULL) gets how many tensors the spec serves. */
+static int check_spec(const train_options *o, const char *spec, const char *where, int large,
+                      int *users) {
+    if (users) *users = 0;
     model *m = model_create(o->model, 1, 0);
     if (!m) return check_shape(spec, where, MODEL_HIDDEN, MODEL_INPUTS);
     int rc = 0;
     size_t bucket = 0;
     for (size_t i = 0; i < model_tensor_count(m) && rc == 0; i++) {
         const model_tensor *t = model_tensor_at(m, i);
-        if (t->n < (size_t)o->small)
+        if (override_for(o, t->name)) continue;
+        if (t->n < (size_t)o->small) {
             bucket += t->n;
-        else if (large)
+        } else if (large) {
             rc = check_shape(spec, where, t->rows, t->cols);
+            if (users) ++*users;
+        }
     }
-    if (rc == 0 && !large && bucket) rc = check_shape(spec, where, bucket, 1);
+    if (rc == 0 && !large && bucket) {
+        rc = check_shape(spec, where, bucket, 1);
+        if (users) *users = 1;
+    }
     model_free(m);
     return rc;
 }
@@ -713,6 +739,8 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
                                  "drop --schedule (or give --schedule none)");
     if (o->mode == TRAIN_MODE_PS && o->workers + (o->servers ? o->servers : 1) > 256)
         return usage_error("%s", "too many processes");
+    if (o->sweep_full && o->model == MODEL_CNN)
+        return usage_error("%s", "--sweep-full is the MLP's; the cnn's sweep is --sweep");
     if (o->sweep && o->model == MODEL_SOFTMAX)
         return usage_error("%s", "--sweep trains the mlp or the cnn, not softmax");
     if (o->plot && !o->sweep) return usage_error("%s", "--plot draws the sweep: add --sweep");
@@ -746,16 +774,22 @@ static int build_runs(train_options *o, const parse_state *ps) {
         if (!ps->have_seeds) o->seeds = 1;
     }
     if (o->n_runs * (size_t)o->seeds > TRAIN_MAX_RUNS)
-        return usage_error("%s", "too many runs: configurations x --seeds exceeds 256");
+        return usage_error("%s", "too many runs: configurations x --seeds exceeds 512");
     expand_seeds(o);
     if (o->worker) return 0;
     /* Once per configuration: seeds of a group share its spec. */
     for (size_t i = 0; i < o->n_runs; i++)
         if ((i == 0 || o->runs[i].group != o->runs[i - 1].group) &&
-            (check_spec(o, o->runs[i].codec, "--codec", 1) != 0 ||
-             (o->runs[i].adapt && check_spec(o, o->runs[i].adapt_high, "--adapt high", 1) != 0)))
+            (check_spec(o, o->runs[i].codec, "--codec", 1, NULL) != 0 ||
+             (o->runs[i].adapt &&
+              check_spec(o, o->runs[i].adapt_high, "--adapt high", 1, NULL) != 0)))
             return BENCH_EXIT_USAGE;
-    if (check_spec(o, o->small_codec, "--small-codec", 0) != 0) return BENCH_EXIT_USAGE;
+    if (check_spec(o, o->small_codec, "--small-codec", 0, NULL) != 0) return BENCH_EXIT_USAGE;
+    int adaptive = 0;
+    if (o->adapt && check_spec(o, o->runs[0].codec, "--adapt low", 1, &adaptive) == 0 &&
+        adaptive == 0)
+        return usage_error("%s", "--adapt: every large tensor has a --codec-for of its own, so "
+                                 "none would adapt (the bucket of small tensors never does)");
     for (size_t i = 0; i < o->n_overrides; i++) {
         char names[128];
         int rc = check_override(o, o->overrides[i], names, sizeof names);

@@ -261,7 +261,13 @@ static void print_setup(const train_options *o) {
 
 static void print_run_table(const train_options *o, const train_record *recs, int n) {
     print_setup(o);
-    printf("# codec: %s\n", o->runs[0].codec);
+    if (o->runs[0].adapt) {
+        char every[32] = "a tenth of the run's";
+        if (o->runs[0].adapt_every) snprintf(every, sizeof every, "%d", o->runs[0].adapt_every);
+        printf("# codec: Accordion, mild %s, aggressive %s, eta %g, deciding every %s steps\n",
+               o->runs[0].codec, o->runs[0].adapt_high, o->runs[0].adapt_eta, every);
+    } else
+        printf("# codec: %s\n", o->runs[0].codec);
     printf("%5s %5s %7s %7s %9s %10s %12s %8s %8s %8s %8s %8s\n", "seed", "epoch", "step",
            "acc%", "test-loss", "train-loss", "sent/worker", "ratio", "compute", "codec",
            "network", "time");
@@ -411,8 +417,12 @@ static void print_json(const train_options *o, const train_record *recs, int n) 
         if (o->runs[k].adapt) {
             printf(", \"adapt\": {\"method\": \"accordion\", \"high\": ");
             json_string(o->runs[k].adapt_high);
-            printf(", \"eta\": %g, \"every\": %d}", o->runs[k].adapt_eta,
-                   o->runs[k].adapt_every);
+            /* every: null for the default, a tenth of the run's steps. */
+            printf(", \"eta\": %g, \"every\": ", o->runs[k].adapt_eta);
+            if (o->runs[k].adapt_every)
+                printf("%d}", o->runs[k].adapt_every);
+            else
+                printf("null}");
         }
         printf(", \"ef\": %s, \"seed\": %llu, \"group\": %d, \"local_steps\": %d, "
                "\"local_momentum\": %s, \"mask_momentum\": %s, \"evaluations\": [",

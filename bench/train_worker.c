@@ -366,7 +366,9 @@ void train_straggle(const worker *w, double t0) {
  * exchange: sum each adaptive tensor's averaged gradient, and every
  * adapt_every steps compare the sum's norm with the previous interval's. A
  * relative change of at least eta marks a critical regime: the mild codec
- * for the next interval; otherwise the aggressive one. The sums come from
+ * for the next interval; otherwise the aggressive one. The first decision
+ * has nothing to compare with and counts as critical, so the first two
+ * intervals are mild. The sums come from
  * all-reduced gradients, and rank 0 broadcasts its norms too, so every
  * rank takes the same decision whatever its arithmetic. */
 static int adapt(worker *w, run_state *r) {

@@ -52,6 +52,22 @@ Test(schedule, step_divides_by_ten_at_each_milestone) {
     cr_expect_float_eq(train_lr_at(&o, 999, 1000), 0.001, 1e-15);
 }
 
+Test(schedule, step_warms_up_first_and_short_runs_have_no_warm_up) {
+    train_options o = opts(TRAIN_SCHED_STEP, 0.1);
+    o.milestones[0] = 0.5;
+    o.n_milestones = 1;
+    /* 100 steps: 10 of warm-up, then 0.1 until step 50, then 0.01. */
+    cr_expect_float_eq(train_lr_at(&o, 0, 100), 0.01, 1e-15);
+    cr_expect_float_eq(train_lr_at(&o, 9, 100), 0.1, 1e-15);
+    cr_expect_float_eq(train_lr_at(&o, 49, 100), 0.1, 1e-15);
+    cr_expect_float_eq(train_lr_at(&o, 50, 100), 0.01, 1e-15);
+    /* A warm-up under one step (0.1 x 5 steps) rounds to none: step 0 runs
+     * at the peak instead of dividing by zero. */
+    o.schedule = TRAIN_SCHED_COSINE;
+    cr_expect_float_eq(train_lr_at(&o, 0, 5), 0.1, 1e-15);
+    for (long k = 0; k < 5; k++) cr_expect(isfinite(train_lr_at(&o, k, 5)), "step %ld", k);
+}
+
 Test(t_quantile, matches_published_values) {
     /* From printed tables (two-sided 95%). */
     static const struct {
