@@ -36,8 +36,15 @@
 /* After the store reports a lost rank (or its own end), requests already
  * on the wire still get this long to complete: a collective whose data has
  * all been sent may still finish, and the transport, which sees the peer
- * directly, may have a more precise error to give. */
-#define STORE_LOSS_GRACE_NS 500000000ull
+ * directly, may have a more precise error to give. A quarter of the 1 s
+ * within which a notice must fail every call (terse.h), so that the rest
+ * covers the store's detection and a loaded or sanitized machine's
+ * scheduling: at 0.5 s a call under ASan on a busy two-core machine once
+ * failed after 1.06 s. */
+#define STORE_LOSS_GRACE_NS 250000000ull
+/* How long a transport error waits for the store's notice of the first
+ * cause (explain()). */
+#define STORE_EXPLAIN_WAIT_NS 500000000ull
 
 /* How often the store is polled for loss notices, across waits and
  * collectives alike: however short the waits, a notice is seen within
@@ -475,7 +482,7 @@ const char *terse__comm_last_sentence(void) {
 static terse_status explain(terse_comm *c, terse_status s) {
     char here[400];
     snprintf(here, sizeof here, "%s", terse__comm_last_sentence());
-    uint64_t until = terse__now_ns() + (s == TERSE_ERR_PEER_LOST ? STORE_LOSS_GRACE_NS : 0);
+    uint64_t until = terse__now_ns() + (s == TERSE_ERR_PEER_LOST ? STORE_EXPLAIN_WAIT_NS : 0);
     for (;;) {
         if (terse__store_check(c->store) != TERSE_OK) {
             char cause[400];

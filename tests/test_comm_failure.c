@@ -13,7 +13,8 @@
 
 #define TIMEOUT_MS 3000
 /* Time on top of the timeout that a survivor may take: the store's loss
- * grace (0.5 s), polling, and a loaded two-core machine. */
+ * grace (0.25 s), its wait for the first cause (0.5 s), polling, and a loaded
+ * two-core machine. */
 #define SLACK_MS 1500
 
 static void *killer(void *arg) {
