@@ -459,8 +459,7 @@ static int check_shape(const char *spec, const char *where, size_t rows, size_t 
     return 0;
 }
 
-/* The --codec-for spec of tensor `name`, or NULL. */
-static const char *override_for(const train_options *o, const char *name) {
+const char *train_override_for(const train_options *o, const char *name) {
     size_t len = strlen(name);
     for (size_t i = 0; i < o->n_overrides; i++)
         if (strncmp(o->overrides[i], name, len) == 0 && o->overrides[i][len] == '=')
@@ -481,7 +480,7 @@ static int check_spec(const train_options *o, const char *spec, const char *wher
     size_t bucket = 0;
     for (size_t i = 0; i < model_tensor_count(m) && rc == 0; i++) {
         const model_tensor *t = model_tensor_at(m, i);
-        if (override_for(o, t->name)) continue;
+        if (train_override_for(o, t->name)) continue;
         if (t->n < (size_t)o->small) {
             bucket += t->n;
         } else if (large) {

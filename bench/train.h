@@ -240,9 +240,10 @@ double train_lr_at(const train_options *o, long k, long total);
 /* The two-sided 95% quantile of Student's t with df >= 1 degrees of freedom
  * (NAN below 1). */
 double train_t975(int df);
-/* The mean of diff[0..n) and the half-width of its 95% t-interval
- * (t975(n-1) x sd / sqrt(n); NAN when n < 2). */
-void train_paired(const double *diff, int n, double *mean, double *half_width);
+/* The mean of diff[0..n), its sample standard deviation sd, and the
+ * half-width of the mean's 95% t-interval, t975(n-1) x sd / sqrt(n) (sd and
+ * half-width NAN when n < 2). */
+void train_paired(const double *diff, int n, double *mean, double *sd, double *half_width);
 
 void train_record_write(FILE *f, const train_record *r);
 /* Every well-formed record of a file into *out (malloc'd, the caller frees
@@ -250,6 +251,8 @@ void train_record_write(FILE *f, const train_record *r);
 int train_record_read_all(const char *path, train_record **out);
 
 int train_parse_args(int argc, char **argv, train_options *o);
+/* The --codec-for spec of tensor `name`, or NULL. */
+const char *train_override_for(const train_options *o, const char *name);
 
 int train_worker_main(const train_options *o);
 /* Processes a run needs: the workers, plus the servers in ps mode. */

@@ -174,11 +174,9 @@ static void summarize(const train_options *o, const train_record *recs, int n, i
         g->t_target = -1;
         return;
     }
-    double mean, hw;
-    train_paired(accs, g->seeds, &mean, &hw);
-    /* hw = t sd / sqrt(n): undo the factors to get the sd. */
-    g->acc_sd = g->seeds > 1 ? hw * sqrt((double)g->seeds) / train_t975(g->seeds - 1) : NAN;
-    train_paired(diffs, g->pairs, &g->diff, &g->diff_hw);
+    double mean, hw, sd;
+    train_paired(accs, g->seeds, &mean, &g->acc_sd, &hw);
+    train_paired(diffs, g->pairs, &g->diff, &sd, &g->diff_hw);
     double *m[] = {&g->acc, &g->bytes, &g->dense_bytes, &g->compute_s, &g->codec_s,
                    &g->network_s, &g->wall_s};
     for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) *m[i] /= g->seeds;

@@ -33,10 +33,11 @@ double train_t975(int df) {
     return z + (z * z * z + z) / (4 * d) + (5 * pow(z, 5) + 16 * z * z * z + 3 * z) / (96 * d * d);
 }
 
-void train_paired(const double *diff, int n, double *mean, double *half_width) {
+void train_paired(const double *diff, int n, double *mean, double *sd, double *half_width) {
     double sum = 0, sq = 0;
     for (int i = 0; i < n; i++) sum += diff[i];
     *mean = n > 0 ? sum / n : NAN;
     for (int i = 0; i < n; i++) sq += (diff[i] - *mean) * (diff[i] - *mean);
-    *half_width = n > 1 ? train_t975(n - 1) * sqrt(sq / (n - 1) / n) : NAN;
+    *sd = n > 1 ? sqrt(sq / (n - 1)) : NAN;
+    *half_width = n > 1 ? train_t975(n - 1) * *sd / sqrt((double)n) : NAN;
 }

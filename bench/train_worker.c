@@ -83,12 +83,9 @@ void train_fill_batch(worker *w, const dataset *d, const size_t *idx, size_t fir
 /* The codec spec for tensor t: --codec-for, else NULL (the small bucket)
  * below --small elements, else the run's. */
 const char *train_spec_for(const worker *w, const run_state *r, const model_tensor *t) {
-    const train_options *o = w->o;
-    size_t len = strlen(t->name);
-    for (size_t i = 0; i < o->n_overrides; i++)
-        if (strncmp(o->overrides[i], t->name, len) == 0 && o->overrides[i][len] == '=')
-            return o->overrides[i] + len + 1;
-    if (t->n < (size_t)o->small) return NULL; /* the small bucket */
+    const char *spec = train_override_for(w->o, t->name);
+    if (spec) return spec;
+    if (t->n < (size_t)w->o->small) return NULL; /* the small bucket */
     return r->cfg->codec;
 }
 

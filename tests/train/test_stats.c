@@ -87,15 +87,15 @@ Test(t_quantile, matches_published_values) {
 Test(paired, interval_by_hand) {
     /* Differences 0.1, -0.2, 0.3, 0.0: mean 0.05. */
     const double d[] = {0.1, -0.2, 0.3, 0.0};
-    double mean, hw;
-    train_paired(d, 4, &mean, &hw);
+    double mean, sd, hw;
+    train_paired(d, 4, &mean, &sd, &hw);
     cr_expect_float_eq(mean, 0.05, 1e-15);
     /* Squared deviations: 0.0025 + 0.0625 + 0.0625 + 0.0025 = 0.13; var 0.13/3. */
     double want = 3.182 * sqrt(0.13 / 3.0 / 4.0);
     cr_expect_float_eq(hw, want, 1e-12, "half-width %g, expected %g", hw, want);
-    train_paired(d, 1, &mean, &hw);
+    train_paired(d, 1, &mean, &sd, &hw);
     cr_expect_float_eq(mean, 0.1, 1e-15);
     cr_expect(isnan(hw));
-    train_paired(d, 0, &mean, &hw);
+    train_paired(d, 0, &mean, &sd, &hw);
     cr_expect(isnan(mean) && isnan(hw));
 }
