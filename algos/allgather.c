@@ -61,14 +61,14 @@ static terse_status run(terse_comm *c, uint8_t *buf, gather_plan *p, size_t max_
 }
 
 /* Fixed blocks of `bytes` (framing): all[r * bytes ..] = rank r's `mine`. */
-static terse_status allgather_fixed(terse_comm *c, const void *mine, size_t bytes, void *all) {
+terse_status terse__allgather_fixed(terse_comm *c, const void *mine, size_t bytes, void *all) {
     memcpy((uint8_t *)all + (size_t)c->rank * bytes, mine, bytes);
     gather_plan p = {(size_t)c->nranks, (size_t)c->rank, 1, NULL, NULL, bytes};
     return run(c, all, &p, bytes, TERSE__BYTES_FRAMING);
 }
 
 terse_status terse__allgather_u64(terse_comm *c, uint64_t mine, uint64_t *all) {
-    return allgather_fixed(c, &mine, sizeof mine, all);
+    return terse__allgather_fixed(c, &mine, sizeof mine, all);
 }
 
 terse_status terse__allgatherv_ring(terse_comm *c, uint8_t *buf, const size_t *off,
@@ -101,7 +101,7 @@ terse_status terse__allgather_run(terse_comm *c, const void *send, size_t send_b
     if (!pairs) return TERSE_ERR_NOMEM;
     size_t *off = (size_t *)(void *)(pairs + 2 * (size_t)N), *len = off + N;
     uint64_t mine[2] = {send_bytes, recv_cap};
-    TERSE_CHECK(allgather_fixed(c, mine, sizeof mine, pairs));
+    TERSE_CHECK(terse__allgather_fixed(c, mine, sizeof mine, pairs));
 
     /* 2. the layout, and whether it fits everywhere */
     uint64_t total = 0;

@@ -2,22 +2,29 @@
  *
  *   no codec            dense fp32: recursive doubling up to
  *                       TERSE_RD_MAX_BYTES (64 KiB), else the pipelined ring
- *   powersgd            its two rounds, P then Q (powersgd_allreduce.c)
- *   none, randk         summable: the ring over their fp32 values
- *                       (summable_allreduce.c)
- *   everything else     all-gather of messages, decoded in rank order
- *                       (gather_allreduce.c). This includes fp16 and bf16,
- *                       whose payloads cannot be added without decoding,
- *                       and plugins, even summable ones: terse cannot know
- *                       where a plugin's values sit in its payload.
+ *   a codec             whatever its function table offers
+ *                       (compress/aggregate.h), in this order:
+ *     rounds            its rounds of dense sums (none: one, its input;
+ *                       powersgd: P, then Q) (rounds_allreduce.c)
+ *     summable view     the ring over the values inside the messages
+ *                       (randk; summable_allreduce.c)
+ *     messages          the messages themselves travel (fp16, bf16, int8,
+ *                       qsgd, terngrad, sign, topk, vq, plugins):
+ *                       - all-gather of every rank's message, decoded in
+ *                         rank order (gather_allreduce.c), or
+ *                       - reduce-scatter of segment pieces, re-encode, and
+ *                         all-gather of the reduced segments
+ *                         (rs_allreduce.c), when the codec can be cut and
+ *                         want_rs says so.
  *
- * Every choice depends only on arguments that all ranks share (n, the
- * codec's spec, the rank count), so all ranks run the same algorithm. */
+ * algos/ knows no codec by id. Every choice depends only on what all ranks
+ * share (n, the codec's spec, the rank count, TERSE_COMPRESSED_ALGO, agreed
+ * at init), so all ranks run the same algorithm. */
 #include <stdio.h>
 
 #include "algos/comm.h"
 #include "common/error.h"
-#include "compress/codec_internal.h"
+#include "compress/aggregate.h"
 
 terse_status terse__allreduce_dense(terse_comm *c, float *buf, size_t n, int divide) {
     if (n <= terse__rd_max_bytes(c) / sizeof(float)) return terse__allreduce_rd(c, buf, n, divide);
@@ -44,8 +51,52 @@ terse_status terse__allreduce_check(terse_comm *c, float *buf, size_t n, terse_c
     return TERSE_OK;
 }
 
+/* Reduce-scatter instead of the all-gather of whole messages?
+ * TERSE_COMPRESSED_ALGO=gather|rs decides; by default (auto) from 4 ranks
+ * on, when each rank's piece of a message can still be 16 KiB or more.
+ * The all-gather moves (N - 1) M bytes per rank for messages of M bytes,
+ * the reduce-scatter about 2 (N - 1) / N M, so from N = 3 on it moves
+ * fewer; it also adds a re-encode (its own error, and codec time), and its
+ * 2 (N - 1) messages of M / N bytes pay latency twice where the gather
+ * pays it once. At N = 3 the saving (2 M against 1.33 M) does not pay for
+ * the second quantization; at N >= 4 it halves the bytes or better. Below
+ * 16 KiB pieces the latency of the extra messages dominates (see
+ * `terse-bench allreduce --model`). */
+#define RS_MIN_RANKS 4
+#define RS_MIN_PIECE_BYTES ((size_t)16 << 10)
+
+static int want_rs(const terse_comm *c, const terse_codec *codec) {
+    if (c->params.compressed_algo == 1) return 0;
+    if (c->params.compressed_algo == 2) return c->nranks >= 2;
+    return c->nranks >= RS_MIN_RANKS &&
+           terse_codec_bound(codec) / (size_t)c->nranks >= RS_MIN_PIECE_BYTES;
+}
+
+typedef enum { RUN_ROUNDS, RUN_SUMMABLE, RUN_GATHER, RUN_RS } run_kind;
+
+/* Which path, and for the reduce-scatter the codec's cut, prepared before
+ * the snapshot (the cut's residual is part of it). A codec that cannot be
+ * cut (no segment_align, or fewer buckets than ranks) takes the gather. */
+static terse_status choose(terse_comm *c, terse_codec *codec, run_kind *kind) {
+    switch (terse__codec_agg_kind(codec)) {
+    case TERSE__AGG_ROUNDS: *kind = RUN_ROUNDS; return TERSE_OK;
+    case TERSE__AGG_SUMMABLE: *kind = RUN_SUMMABLE; return TERSE_OK;
+    default: break;
+    }
+    *kind = RUN_GATHER;
+    if (!want_rs(c, codec)) return TERSE_OK;
+    const terse__segments *g = NULL;
+    uint64_t t0 = terse__now_ns();
+    terse_status s = terse__codec_segments(codec, (uint32_t)c->nranks, (uint32_t)c->rank, &g);
+    terse__comm_codec_time(c, t0);
+    TERSE_CHECK(s);
+    if (g) *kind = RUN_RS;
+    return TERSE_OK;
+}
+
 /* The codec's state before the call, so that a failed collective can put
- * it back (transactional state: residual, step, stream, PowerSGD's Q). */
+ * it back (transactional state: residual, step, stream, PowerSGD's Q, the
+ * reduce-scatter's hop residual). */
 static terse_status snapshot(terse_comm *c, terse_codec *codec) {
     void *p = terse__comm_scratch(c, TERSE__SCRATCH_STATE, terse__codec_snapshot_size(codec));
     if (!p) return TERSE_ERR_NOMEM;
@@ -56,18 +107,22 @@ static terse_status snapshot(terse_comm *c, terse_codec *codec) {
 }
 
 static terse_status run_codec(terse_comm *c, float *buf, size_t n, terse_codec *codec,
-                              terse_op op) {
-    if (codec->ops.id == TERSE_ID_POWERSGD)
-        return terse__allreduce_powersgd(c, buf, n, codec, op);
-    if (terse__summable_supported(codec)) return terse__allreduce_summable(c, buf, n, codec, op);
-    return terse__allreduce_gather(c, buf, n, codec, op);
+                              terse_op op, run_kind kind) {
+    switch (kind) {
+    case RUN_ROUNDS: return terse__allreduce_rounds(c, buf, n, codec, op);
+    case RUN_SUMMABLE: return terse__allreduce_summable(c, buf, n, codec, op);
+    case RUN_RS: return terse__allreduce_rs(c, buf, n, codec, op);
+    default: return terse__allreduce_gather(c, buf, n, codec, op);
+    }
 }
 
 terse_status terse__allreduce_run(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                   terse_op op) {
     if (!codec) return terse__allreduce_dense(c, buf, n, op == TERSE_OP_AVG);
+    run_kind kind;
+    TERSE_CHECK(choose(c, codec, &kind));
     TERSE_CHECK(snapshot(c, codec));
-    terse_status s = run_codec(c, buf, n, codec, op);
+    terse_status s = run_codec(c, buf, n, codec, op, kind);
     if (s != TERSE_OK) {
         /* Keep the sentence of the failure, not of the restore. */
         char why[512];

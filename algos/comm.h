@@ -89,6 +89,7 @@ typedef struct terse__params {
     size_t chunk_bytes;      /* TERSE_CHUNK_BYTES (transport), default 1 MiB */
     int progress_caller;     /* TERSE_PROGRESS=caller (rank-local: not agreed) */
     size_t wire;             /* TERSE_WIRE: 0 auto, 1 none, 2 mac, 3 encrypt (agreed) */
+    size_t compressed_algo;  /* TERSE_COMPRESSED_ALGO: 0 auto, 1 gather, 2 rs (agreed) */
 } terse__params;
 
 /* Read them (a malformed value fails with TERSE_ERR_INVALID). */
@@ -252,16 +253,19 @@ terse_status terse__allreduce_rd(terse_comm *c, float *buf, size_t n, int divide
 /* Buffers at most this many bytes take recursive doubling (TERSE_RD_MAX_BYTES). */
 static inline size_t terse__rd_max_bytes(const terse_comm *c) { return c->params.rd_max_bytes; }
 
-/* Compressed paths, chosen by terse_allreduce from the codec's traits. */
+/* Compressed paths, chosen by terse_allreduce from the codec's table
+ * (compress/aggregate.h). */
 terse_status terse__allreduce_gather(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                      terse_op op);
+terse_status terse__allreduce_rs(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                 terse_op op);
 terse_status terse__allreduce_summable(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                        terse_op op);
-terse_status terse__allreduce_powersgd(terse_comm *c, float *buf, size_t n, terse_codec *codec,
-                                       terse_op op);
-/* Nonzero if terse__allreduce_summable knows how to add this codec's
- * payloads (the built-in none and randk). */
-int terse__summable_supported(const terse_codec *codec);
+terse_status terse__allreduce_rounds(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                     terse_op op);
+
+/* Exchange `bytes` per rank (framing): all + r * bytes = rank r's `mine`. */
+terse_status terse__allgather_fixed(terse_comm *c, const void *mine, size_t bytes, void *all);
 
 /* Exchange one 8-byte value per rank (framing): all[r] = rank r's value. */
 terse_status terse__allgather_u64(terse_comm *c, uint64_t mine, uint64_t *all);

@@ -14,16 +14,18 @@
 #include "common/env.h"
 #include "common/error.h"
 
-#define NPARAMS 4
+#define NPARAMS 5
 
 static const char *const names[NPARAMS] = {"TERSE_RD_MAX_BYTES", "TERSE_RING_CHUNK_BYTES",
-                                           "TERSE_CHUNK_BYTES", "TERSE_WIRE"};
+                                           "TERSE_CHUNK_BYTES", "TERSE_WIRE",
+                                           "TERSE_COMPRESSED_ALGO"};
 
 static void as_array(const terse__params *p, uint64_t v[NPARAMS]) {
     v[0] = p->rd_max_bytes;
     v[1] = p->ring_chunk_bytes;
     v[2] = p->chunk_bytes;
     v[3] = p->wire;
+    v[4] = p->compressed_algo;
 }
 
 terse_status terse__params_read(int rank, terse__params *p) {
@@ -44,6 +46,10 @@ terse_status terse__params_read(int rank, terse__params *p) {
     int wire = 0;
     if (s == TERSE_OK) s = terse__env_choice("TERSE_WIRE", wires, 0, &wire);
     p->wire = (size_t)wire;
+    static const char *const algos[] = {"auto", "gather", "rs", NULL};
+    int algo = 0;
+    if (s == TERSE_OK) s = terse__env_choice("TERSE_COMPRESSED_ALGO", algos, 0, &algo);
+    p->compressed_algo = (size_t)algo;
     if (s != TERSE_OK) {
         char why[400];
         snprintf(why, sizeof why, "%s", terse__comm_last_sentence());
@@ -71,6 +77,15 @@ terse_status terse__params_agree(terse_comm *c, int timeout_ms) {
                                 "TERSE_WIRE is %s on rank %d but %s on rank %d; set it alike on "
                                 "every rank (or unset it everywhere)",
                                 w[mine[i] % 4], c->rank, w[theirs % 4], r);
+                break;
+            }
+            if (i == 4) {
+                static const char *const a[] = {"auto", "gather", "rs"};
+                s = TERSE_ERROR(TERSE_ERR_INVALID,
+                                "TERSE_COMPRESSED_ALGO is %s on rank %d but %s on rank %d; ranks "
+                                "that disagree would run different algorithms: set it alike on "
+                                "every rank (or unset it everywhere)",
+                                a[mine[i] % 3], c->rank, a[theirs % 3], r);
                 break;
             }
             s = TERSE_ERROR(TERSE_ERR_INVALID,

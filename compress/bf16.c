@@ -59,6 +59,12 @@ static terse_status bf16_decode(void *self, const uint8_t *payload, size_t len, 
     return TERSE_OK;
 }
 
+/* Elementwise: any cut leaves every element's code as it was. */
+static size_t bf16_segment_align(const void *self) {
+    (void)self;
+    return 1;
+}
+
 const terse_codec_ops terse__codec_bf16 = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_BF16,
@@ -70,4 +76,5 @@ const terse_codec_ops terse__codec_bf16 = {
     .bits_per_element = bf16_bits,
     .encode = bf16_encode,
     .decode = bf16_decode,
+    .segment_align = bf16_segment_align,
 };

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "compress/aggregate.h"
 #include "compress/codec_internal.h"
 #include "compress/spec.h"
 #include "compress/wire.h"
@@ -49,8 +50,9 @@ terse_status terse_codec_create(const char *spec_text, size_t rows, size_t cols,
     if (c->ops.flags & TERSE_CODEC_RANDOMIZED)
         TERSE_CHECK_GOTO(terse_spec_get_u64(&spec, "seed", 0, 0, UINT64_MAX, &c->seed), s, fail);
 
-    char canon[256] = "";
-    TERSE_CHECK_GOTO(c->ops.create(&spec, rows, cols, &c->self, canon, sizeof canon), s, fail);
+    char *canon = c->options;
+    TERSE_CHECK_GOTO(c->ops.create(&spec, rows, cols, &c->self, canon, sizeof c->options), s,
+                     fail);
     const char *unused = terse__spec_unused(&spec);
     if (unused)
         TERSE_FAIL_GOTO(s, fail, TERSE_ERR_INVALID, "codec '%s' has no option '%s' (spec '%s')",
@@ -81,6 +83,7 @@ fail:
 
 void terse_codec_free(terse_codec *c) {
     if (!c) return;
+    terse__codec_free_segments(c);
     if (c->self) c->ops.destroy(c->self);
     free(c->residual);
     free(c);
@@ -107,6 +110,8 @@ const float *terse_codec_residual(const terse_codec *c) { return c ? c->residual
 
 void terse_codec_reset_residual(terse_codec *c) {
     if (c && c->residual) memset(c->residual, 0, c->n * sizeof(float));
+    if (c && c->segs && c->segs->hop)
+        memset(c->segs->hop, 0, c->segs->len[c->segs->rank] * sizeof(float));
 }
 
 terse_status terse_codec_get_traits(const terse_codec *c, terse_codec_traits *t) {

@@ -17,7 +17,12 @@ struct terse_codec {
     uint64_t seed, step, tensor;
     uint32_t rank;
     char spec[320]; /* canonical */
+    char options[256]; /* the codec's own canonical options (create's canon) */
+    struct terse__segments *segs; /* the reduce-scatter's cut (aggregate.c), or NULL */
 };
+
+/* Free what aggregate.c attached to a codec (its segments). */
+void terse__codec_free_segments(terse_codec *c);
 
 /* Look a codec up by name; copies its table into *ops. */
 terse_status terse__registry_find(const char *name, terse_codec_ops *ops);
@@ -50,12 +55,6 @@ enum {
     TERSE_ID_VQ = 11,
 };
 
-/* A codec's mutable state (step, residual, the codec's own state such as
- * PowerSGD's Q) copied out and back, for collectives that must leave a
- * codec as it was when they fail (compress/state.c). No header and no
- * checksum: a snapshot never leaves the process. */
-size_t terse__codec_snapshot_size(const terse_codec *c);
-terse_status terse__codec_snapshot(const terse_codec *c, void *dst);
-terse_status terse__codec_restore(terse_codec *c, const void *src);
+/* Snapshots for transactional collectives: compress/aggregate.h. */
 
 #endif

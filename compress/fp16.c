@@ -59,6 +59,12 @@ static terse_status fp16_decode(void *self, const uint8_t *payload, size_t len, 
     return TERSE_OK;
 }
 
+/* Elementwise: any cut leaves every element's code as it was. */
+static size_t fp16_segment_align(const void *self) {
+    (void)self;
+    return 1;
+}
+
 const terse_codec_ops terse__codec_fp16 = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_FP16,
@@ -70,4 +76,5 @@ const terse_codec_ops terse__codec_fp16 = {
     .bits_per_element = fp16_bits,
     .encode = fp16_encode,
     .decode = fp16_decode,
+    .segment_align = fp16_segment_align,
 };

@@ -95,6 +95,10 @@ static terse_status int8_decode(void *self, const uint8_t *payload, size_t len, 
     return TERSE_OK;
 }
 
+/* Cut at bucket boundaries: a segment's message holds its buckets' scales
+ * and codes, exactly as the whole message does. */
+static size_t int8_segment_align(const void *self) { return ((const int8_codec *)self)->bucket; }
+
 const terse_codec_ops terse__codec_int8 = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_INT8,
@@ -106,4 +110,5 @@ const terse_codec_ops terse__codec_int8 = {
     .bits_per_element = int8_bits,
     .encode = int8_encode,
     .decode = int8_decode,
+    .segment_align = int8_segment_align,
 };

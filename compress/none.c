@@ -52,6 +52,45 @@ static terse_status none_decode(void *self, const uint8_t *payload, size_t len, 
     return TERSE_OK;
 }
 
+/* Aggregation: one round whose vector is the input itself, so a none
+ * all-reduce is the dense one with no copy. Error feedback is exact
+ * (e = p - D(C(p)) = 0): the residual is folded into the input and
+ * cleared, as encode would leave it. */
+static unsigned none_rounds(const void *self) {
+    (void)self;
+    return 1;
+}
+
+static terse_status none_round_vector(void *self, const terse_round_ctx *ctx, unsigned round,
+                                      float *x, float **vec, size_t *count) {
+    (void)round;
+    none_codec *c = self;
+    if (ctx->residual) {
+        for (size_t i = 0; i < c->n; i++) x[i] += ctx->residual[i];
+        memset(ctx->residual, 0, c->n * sizeof(float));
+    }
+    *vec = x;
+    *count = c->n;
+    return TERSE_OK;
+}
+
+static terse_status none_round_finish(void *self, const terse_round_ctx *ctx, float *x,
+                                      float alpha) {
+    (void)ctx;
+    none_codec *c = self;
+    if (alpha != 1.0f) terse__kernel_axpy_f32(x, (const uint8_t *)x, c->n, alpha, 0);
+    return TERSE_OK;
+}
+
+static terse_status none_summable_view(const void *self, const uint8_t *payload, size_t len,
+                                       terse_summable_view *view) {
+    (void)payload;
+    (void)len;
+    view->values_off = 0;
+    view->count = ((const none_codec *)self)->n;
+    return TERSE_OK;
+}
+
 const terse_codec_ops terse__codec_none = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_NONE,
@@ -63,4 +102,8 @@ const terse_codec_ops terse__codec_none = {
     .bits_per_element = none_bits,
     .encode = none_encode,
     .decode = none_decode,
+    .summable_view = none_summable_view,
+    .rounds = none_rounds,
+    .round_vector = none_round_vector,
+    .round_finish = none_round_finish,
 };

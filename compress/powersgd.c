@@ -46,9 +46,8 @@
  * Decode checks mode, reserved byte, rank and the exact length.
  *
  * Not summable: the sum of P Q^T over ranks is not (sum P)(sum Q)^T. The
- * collectives must run PowerSGD's two rounds (all-reduce P, orthonormalise,
- * recompute Q, all-reduce Q) themselves, through the steps at the end of
- * this file (compress/powersgd.h).
+ * collectives run PowerSGD's two rounds (sum P, orthonormalise, recompute
+ * Q, sum Q) through the rounds entries at the end of this file.
  *
  * Determinism: encode and decode are deterministic on one machine for a
  * given OpenBLAS build and thread count, but OpenBLAS picks its sgemm kernel
@@ -72,7 +71,6 @@
 #include "common/rng.h"
 #include "compress/codec_internal.h"
 #include "compress/kernels.h"
-#include "compress/powersgd.h"
 
 #define PSGD_HEAD 4u
 #define PSGD_MODE_DENSE 0u
@@ -340,6 +338,83 @@ static terse_status psgd_state_load(void *self, const uint8_t *src, size_t len) 
     return TERSE_OK;
 }
 
+/* ---- aggregation: PowerSGD's two rounds (Vogels et al., Algorithm 1, as
+ * PyTorch's powerSGD_hook runs them) ----
+ *
+ * The sum of P Q^T over ranks is not (sum P)(sum Q)^T, so an all-reduce
+ * sums P between the two halves of an encode. Every rank holds its
+ * gradient G and the same warm start Q (drawn from seed and tensor, never
+ * the rank, or the previous step's summed Q). Per step:
+ *
+ *   round 0: M = G + e with error feedback (e: this rank's residual), else
+ *            G; P = M Q; the collective sums P over the ranks.
+ *   round 1: orthonormalise P (the same bits on every rank, since every
+ *            rank holds the same sum); Q_i = M^T P, this rank's share of
+ *            the result P Q_i^T; with error feedback e = M - P Q_i^T, what
+ *            this rank wanted to send minus what it contributed (summed
+ *            over ranks, exactly sum M - result, as with PyTorch's hook,
+ *            which keeps M - P Q^T / N per rank instead); the collective
+ *            sums Q.
+ *   finish:  result = alpha P Q^T, identical on every rank; the summed Q is
+ *            the next warm start (or redrawn if it is zero or not finite).
+ *
+ * P and Q travel as dense fp32: (rows + cols) R floats instead of rows x
+ * cols. Shapes that travel dense (rank 0 here) take one round whose
+ * vector is M itself, the residual folded in and cleared (e = M - M). */
+static unsigned psgd_rounds(const void *self) {
+    const psgd_codec *c = self;
+    return c->rank ? 2 : 1;
+}
+
+static terse_status psgd_round_vector(void *self, const terse_round_ctx *ctx, unsigned round,
+                                      float *x, float **vec, size_t *count) {
+    psgd_codec *c = self;
+    float *e = ctx->residual;
+    if (!c->rank) {
+        if (e) {
+            for (size_t i = 0; i < c->n; i++) x[i] += e[i];
+            memset(e, 0, c->n * sizeof(float));
+        }
+        *vec = x;
+        *count = c->n;
+        return TERSE_OK;
+    }
+    const float *m = e ? e : x;
+    if (round == 0) {
+        if (e)
+            for (size_t i = 0; i < c->n; i++) e[i] += x[i];
+        if (!c->initialised) psgd_init_q(c, ctx->seed, ctx->tensor);
+        project(c, m);
+        *vec = c->p;
+        *count = c->rows * c->rank;
+        return TERSE_OK;
+    }
+    TERSE_CHECK(orthonormalise(c));
+    back_project(c, m);
+    if (e) /* e = M - P Q_i^T: row-major e^T += -Q P^T, as in decode */
+        cblas_sgemm(CblasColMajor, CblasNoTrans, CblasTrans, (int)c->cols, (int)c->rows,
+                    (int)c->rank, -1.0f, c->q, (int)c->cols, c->p, (int)c->rows, 1.0f, e,
+                    (int)c->cols);
+    *vec = c->q;
+    *count = c->cols * c->rank;
+    return TERSE_OK;
+}
+
+static terse_status psgd_round_finish(void *self, const terse_round_ctx *ctx, float *x,
+                                      float alpha) {
+    (void)ctx;
+    psgd_codec *c = self;
+    if (!c->rank) {
+        if (alpha != 1.0f) terse__kernel_axpy_f32(x, (const uint8_t *)x, c->n, alpha, 0);
+        return TERSE_OK;
+    }
+    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasTrans, (int)c->cols, (int)c->rows,
+                (int)c->rank, alpha, c->q, (int)c->cols, c->p, (int)c->rows, 0.0f, x,
+                (int)c->cols);
+    if (!q_usable(c->q, c->cols * c->rank)) c->initialised = 0;
+    return TERSE_OK;
+}
+
 const terse_codec_ops terse__codec_powersgd = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_POWERSGD,
@@ -354,48 +429,7 @@ const terse_codec_ops terse__codec_powersgd = {
     .state_size = psgd_state_size,
     .state_save = psgd_state_save,
     .state_load = psgd_state_load,
+    .rounds = psgd_rounds,
+    .round_vector = psgd_round_vector,
+    .round_finish = psgd_round_finish,
 };
-
-/* ---- the steps, for the all-reduce (compress/powersgd.h) ---- */
-
-terse_status terse__powersgd_factors_of(terse_codec *codec, terse__powersgd_factors *f) {
-    if (!codec || codec->ops.id != TERSE_ID_POWERSGD)
-        return TERSE_ERROR(TERSE_ERR_INVALID, "codec '%s' is not powersgd",
-                           codec ? codec->spec : "(null)");
-    psgd_codec *c = codec->self;
-    f->rows = c->rows;
-    f->cols = c->cols;
-    f->rank = c->rank;
-    f->p = c->p;
-    f->q = c->q;
-    f->residual = codec->residual;
-    return TERSE_OK;
-}
-
-void terse__powersgd_project(terse_codec *codec, const float *m) {
-    psgd_codec *c = codec->self;
-    if (!c->initialised) psgd_init_q(c, codec->seed, codec->tensor);
-    project(c, m);
-}
-
-terse_status terse__powersgd_orthonormalise(terse_codec *codec) {
-    return orthonormalise(codec->self);
-}
-
-void terse__powersgd_back_project(terse_codec *codec, const float *m) {
-    back_project(codec->self, m);
-}
-
-void terse__powersgd_expand(terse_codec *codec, float alpha, int accumulate, float *dst) {
-    psgd_codec *c = codec->self;
-    /* Row-major dst = P Q^T is column-major dst^T = Q P^T, as in decode. */
-    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasTrans, (int)c->cols, (int)c->rows,
-                (int)c->rank, alpha, c->q, (int)c->cols, c->p, (int)c->rows,
-                accumulate ? 1.0f : 0.0f, dst, (int)c->cols);
-}
-
-void terse__powersgd_end_step(terse_codec *codec) {
-    psgd_codec *c = codec->self;
-    if (c->rank && !q_usable(c->q, c->cols * c->rank)) c->initialised = 0;
-    codec->step++;
-}

@@ -68,6 +68,9 @@ static terse_status qsgd_decode(void *self, const uint8_t *payload, size_t len, 
     return terse__squant_decode(self, payload, len, dst, alpha, accumulate);
 }
 
+/* Cut at bucket boundaries (each bucket has its own scale). */
+static size_t qsgd_segment_align(const void *self) { return ((const terse__squant *)self)->bucket; }
+
 const terse_codec_ops terse__codec_qsgd = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_QSGD,
@@ -79,4 +82,5 @@ const terse_codec_ops terse__codec_qsgd = {
     .bits_per_element = qsgd_bits,
     .encode = qsgd_encode,
     .decode = qsgd_decode,
+    .segment_align = qsgd_segment_align,
 };

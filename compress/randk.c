@@ -172,6 +172,22 @@ static terse_status randk_decode(void *self, const uint8_t *p, size_t len, float
     return TERSE_OK;
 }
 
+/* Summable: every rank draws the same indices (the key leaves the rank
+ * out), so the k values after the key add element-wise; the key is outside
+ * the values, so the collective's check that messages agree there catches
+ * ranks whose seed, tensor id or step differ. */
+static terse_status randk_summable_view(const void *self, const uint8_t *payload, size_t len,
+                                        terse_summable_view *view) {
+    (void)payload;
+    const randk_codec *c = self;
+    if (len != HEAD + 4 * c->k)
+        return TERSE_ERROR(TERSE_ERR_INTERNAL, "randk: a %zu-byte payload, expected %zu", len,
+                           (size_t)(HEAD + 4 * c->k));
+    view->values_off = HEAD;
+    view->count = c->k;
+    return TERSE_OK;
+}
+
 const terse_codec_ops terse__codec_randk = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_RANDK,
@@ -183,4 +199,5 @@ const terse_codec_ops terse__codec_randk = {
     .bits_per_element = randk_bits,
     .encode = randk_encode,
     .decode = randk_decode,
+    .summable_view = randk_summable_view,
 };

@@ -43,6 +43,13 @@ static terse_status register_locked(const terse_codec_ops *ops, int builtin) {
         (c.state_size != NULL) != (c.state_load != NULL))
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "codec '%s' must give all of state_size/save/load or none", c.name);
+    if (c.rounds && (!c.round_vector || !c.round_finish))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "codec '%s' gives rounds but not both round_vector and round_finish",
+                           c.name);
+    if (c.segment_options && !c.segment_align)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "codec '%s' gives segment_options without segment_align", c.name);
     int user = c.id >= TERSE_CODEC_ID_USER_MIN && c.id <= TERSE_CODEC_ID_USER_MAX;
     int reserved = c.id >= 1 && c.id < TERSE_CODEC_ID_USER_MIN;
     if (!(user || (builtin && reserved)))

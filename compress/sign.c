@@ -99,6 +99,9 @@ static terse_status sign_decode(void *self, const uint8_t *payload, size_t len, 
     return TERSE_OK;
 }
 
+/* Cut at bucket boundaries: a segment's buckets code as the whole's do. */
+static size_t sign_segment_align(const void *self) { return ((const sign_codec *)self)->bucket; }
+
 const terse_codec_ops terse__codec_sign = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_SIGN,
@@ -110,4 +113,5 @@ const terse_codec_ops terse__codec_sign = {
     .bits_per_element = sign_bits,
     .encode = sign_encode,
     .decode = sign_decode,
+    .segment_align = sign_segment_align,
 };

@@ -15,6 +15,7 @@
 #include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "compress/aggregate.h"
 #include "compress/codec_internal.h"
 
 #include "compress/state.h"
@@ -22,6 +23,8 @@
 #define STATE_MAGIC 0x53535254u /* "TRSS" */
 #define STATE_VERSION 1u
 #define STATE_HEAD TERSE__STATE_HEAD
+
+static size_t hop_bytes(const terse_codec *c);
 
 static size_t plugin_state_size(const terse_codec *c) {
     return c->ops.state_size ? c->ops.state_size(c->self) : 0;
@@ -112,6 +115,7 @@ terse_status terse_codec_state_load(terse_codec *c, const void *src, size_t len)
     size_t off = STATE_HEAD + (c->ef ? c->n * sizeof(float) : 0);
     if (ps) TERSE_CHECK(c->ops.state_load(c->self, p + off, (size_t)ps));
     if (c->ef) memcpy(c->residual, p + STATE_HEAD, c->n * sizeof(float));
+    if (hop_bytes(c)) memset(c->segs->hop, 0, hop_bytes(c)); /* not in checkpoints */
     c->step = terse__get_u64(p + 32);
     c->tensor = terse__get_u64(p + 40);
     c->rank = terse__get_u32(p + 48);
@@ -119,10 +123,16 @@ terse_status terse_codec_state_load(terse_codec *c, const void *src, size_t len)
 }
 
 /* ---- snapshots for transactional collectives (no header, no checksum:
- * they never leave the process) ---- */
+ * they never leave the process). The reduce-scatter's hop residual is
+ * part of them: terse__codec_segments allocates it before the snapshot. */
+
+static size_t hop_bytes(const terse_codec *c) {
+    return c->segs && c->segs->hop ? c->segs->len[c->segs->rank] * sizeof(float) : 0;
+}
 
 size_t terse__codec_snapshot_size(const terse_codec *c) {
-    return sizeof(uint64_t) + (c->ef ? c->n * sizeof(float) : 0) + plugin_state_size(c);
+    return sizeof(uint64_t) + (c->ef ? c->n * sizeof(float) : 0) + hop_bytes(c) +
+           plugin_state_size(c);
 }
 
 terse_status terse__codec_snapshot(const terse_codec *c, void *dst) {
@@ -133,15 +143,21 @@ terse_status terse__codec_snapshot(const terse_codec *c, void *dst) {
         memcpy(p, c->residual, c->n * sizeof(float));
         p += c->n * sizeof(float);
     }
+    if (hop_bytes(c)) {
+        memcpy(p, c->segs->hop, hop_bytes(c));
+        p += hop_bytes(c);
+    }
     return plugin_state_size(c) ? c->ops.state_save(c->self, p) : TERSE_OK;
 }
 
 terse_status terse__codec_restore(terse_codec *c, const void *src) {
     const uint8_t *p = src;
     size_t ps = plugin_state_size(c);
-    const uint8_t *ep = p + sizeof(uint64_t), *pp = ep + (c->ef ? c->n * sizeof(float) : 0);
+    const uint8_t *ep = p + sizeof(uint64_t), *hp = ep + (c->ef ? c->n * sizeof(float) : 0);
+    const uint8_t *pp = hp + hop_bytes(c);
     if (ps) TERSE_CHECK(c->ops.state_load(c->self, pp, ps));
     memcpy(&c->step, p, sizeof(uint64_t));
     if (c->ef) memcpy(c->residual, ep, c->n * sizeof(float));
+    if (hop_bytes(c)) memcpy(c->segs->hop, hp, hop_bytes(c));
     return TERSE_OK;
 }

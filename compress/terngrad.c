@@ -65,6 +65,9 @@ static terse_status terngrad_decode(void *self, const uint8_t *payload, size_t l
     return terse__squant_decode(self, payload, len, dst, alpha, accumulate);
 }
 
+/* Cut at bucket boundaries (each bucket has its own scale). */
+static size_t terngrad_segment_align(const void *self) { return ((const terse__squant *)self)->bucket; }
+
 const terse_codec_ops terse__codec_terngrad = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_TERNGRAD,
@@ -76,4 +79,5 @@ const terse_codec_ops terse__codec_terngrad = {
     .bits_per_element = terngrad_bits,
     .encode = terngrad_encode,
     .decode = terngrad_decode,
+    .segment_align = terngrad_segment_align,
 };

@@ -22,6 +22,7 @@
  *
  * Selection (compress/topk_select.c) is a three-level radix select, O(n),
  * with ties to the lower index, so the message is a pure function of x. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -360,6 +361,26 @@ static terse_status topk_decode(void *self, const uint8_t *p, size_t len, float 
     return TERSE_OK;
 }
 
+/* Any cut works; a segment keeps its share of k, round(k len / n) but at
+ * least 1, so the pieces together keep about k. The owner's re-encode of a
+ * summed segment keeps the same share: the sum of N sparse pieces is
+ * denser than any of them, and what the re-encode drops stays in the
+ * owner's residual (ef=1) or is lost (ef=0). */
+static size_t topk_segment_align(const void *self) {
+    (void)self;
+    return 1;
+}
+
+static terse_status topk_segment_options(const void *self, size_t len, char *canon, size_t cap) {
+    const topk_codec *c = self;
+    double share = (double)c->k * (double)len / (double)c->n;
+    size_t k = (size_t)(share + 0.5);
+    if (k < 1) k = 1;
+    if (k > len) k = len;
+    snprintf(canon, cap, "k=%zu", k);
+    return TERSE_OK;
+}
+
 const terse_codec_ops terse__codec_topk = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_TOPK,
@@ -371,4 +392,6 @@ const terse_codec_ops terse__codec_topk = {
     .bits_per_element = topk_bits,
     .encode = topk_encode,
     .decode = topk_decode,
+    .segment_align = topk_segment_align,
+    .segment_options = topk_segment_options,
 };

@@ -386,6 +386,12 @@ static terse_status vq_decode(void *self, const uint8_t *payload, size_t len, fl
     return TERSE_OK;
 }
 
+/* Cut at gain-bucket boundaries (whole blocks, each bucket its own gain). */
+static size_t vq_segment_align(const void *self) {
+    const vq_codec *c = self;
+    return c->g * c->d;
+}
+
 const terse_codec_ops terse__codec_vq = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_VQ,
@@ -397,4 +403,5 @@ const terse_codec_ops terse__codec_vq = {
     .bits_per_element = vq_bits,
     .encode = vq_encode,
     .decode = vq_decode,
+    .segment_align = vq_segment_align,
 };

@@ -510,7 +510,8 @@ typedef struct terse_comm terse_comm;
  * is read once per communicator, strictly: a malformed value (a typo, an
  * unknown suffix, out of range) fails terse_comm_init with
  * TERSE_ERR_INVALID naming it. TERSE_RD_MAX_BYTES, TERSE_RING_CHUNK_BYTES,
- * TERSE_CHUNK_BYTES and TERSE_WIRE change how messages are cut or framed:
+ * TERSE_CHUNK_BYTES, TERSE_WIRE and TERSE_COMPRESSED_ALGO change how
+ * messages are cut, framed or routed:
  * init compares them across ranks and fails on every rank, naming the
  * variable and both values, when any two differ. Byte counts take k, m, g
  * suffixes (powers of 1024).
@@ -533,6 +534,14 @@ typedef struct terse_comm terse_comm;
  *                           through 16 staging buffers of one chunk each;
  *                           not with providers that need registered
  *                           buffers). Compared at init.
+ *   TERSE_COMPRESSED_ALGO   auto (default) | gather | rs: how terse_allreduce
+ *                           moves the messages of a codec that is neither
+ *                           summable nor multi-round (fp16 ... vq): an
+ *                           all-gather of whole messages, or a compressed
+ *                           reduce-scatter + all-gather of re-encoded
+ *                           segment sums. auto: rs from 4 ranks on when a
+ *                           message's 1/N share is >= 16 KiB (see
+ *                           terse_allreduce). Compared at init.
  *   TERSE_PROGRESS          thread (default) | caller: see Progress below.
  *   TERSE_FABRIC_REGISTER=1 register every buffer even when the provider
  *                           does not require it (for testing).
@@ -579,9 +588,28 @@ typedef enum terse_op {
  * All-reduce n floats in place. With codec == NULL the exchange is dense
  * fp32 (a pipelined ring for large buffers, recursive doubling for small
  * ones). With a codec (bound to n elements; each rank passes its own), the
- * algorithm follows its traits: summable codecs travel the ring; others are
- * all-gathered as messages and decoded in rank order; powersgd runs its two
- * rounds (P, then Q). Each rank's codec keeps its own error-feedback state.
+ * algorithm follows the codec's function table (terse_plugin.h; plugins
+ * get every path the built-ins get):
+ *   - codecs with rounds (none; powersgd: P, then Q) sum their round
+ *     vectors with the dense algorithms;
+ *   - summable codecs with a view (randk) sum their values inside the
+ *     messages with the dense algorithms, then decode once;
+ *   - the others (fp16, bf16, int8, qsgd, terngrad, sign, topk, vq) move
+ *     messages: below 4 ranks, or when a message's 1/N share is under
+ *     16 KiB, every rank's message is all-gathered and decoded in rank
+ *     order ((N-1) x message bytes per rank); otherwise (or with
+ *     TERSE_COMPRESSED_ALGO=rs) a compressed reduce-scatter: each rank
+ *     owns a segment of the tensor (cut on the codec's buckets), decodes
+ *     and sums every rank's piece of it in rank order, re-encodes the sum
+ *     with the same codec, and the sums are all-gathered (about
+ *     2 (N-1)/N x message bytes per rank). The re-encode adds its own
+ *     error, at most the codec's bound on the sum; with ef=1 the segment's
+ *     owner keeps it in a second residual and sends it later (that
+ *     residual is in no checkpoint: terse_codec_state_load and
+ *     terse_codec_reset_residual zero it). topk re-encodes a summed
+ *     segment, denser than any piece, with the same k share.
+ * Every rank ends with the same bits. Each rank's codec keeps its own
+ * error-feedback state.
  */
 TERSE_API terse_status terse_allreduce(terse_comm *comm, float *buf, size_t n,
                                        terse_codec *codec, terse_op op);

@@ -73,6 +73,26 @@ typedef struct terse_encode_ctx {
     uint32_t rank;   /* from terse_codec_set_stream */
 } terse_encode_ctx;
 
+/* Where the values that add linearly sit in a summable codec's payload
+ * (the summable_view entry below). */
+typedef struct terse_summable_view {
+    size_t size;       /* sizeof(terse_summable_view), set by terse */
+    size_t values_off; /* payload offset of the first value: a multiple of 4 */
+    size_t count;      /* fp32 values (little endian) from there */
+} terse_summable_view;
+
+/* Context of one aggregation round (the rounds entries below). */
+typedef struct terse_round_ctx {
+    size_t size;     /* sizeof(terse_round_ctx) */
+    uint64_t seed;   /* from seed= (0 if not randomized) */
+    uint64_t step;   /* aggregations and encodes before this one */
+    uint64_t tensor; /* from terse_codec_set_stream */
+    uint32_t rank;   /* from terse_codec_set_stream */
+    uint32_t nranks; /* ranks whose vectors are summed */
+    float *residual; /* ef=1: the codec's rows*cols error-feedback residual,
+                        which the rounds keep themselves; else NULL */
+} terse_round_ctx;
+
 typedef struct terse_codec_ops {
     size_t size;      /* sizeof(terse_codec_ops) of the header you built with */
     uint32_t id;      /* unique; see the id ranges above */
@@ -104,6 +124,66 @@ typedef struct terse_codec_ops {
     size_t (*state_size)(const void *self);
     terse_status (*state_save)(const void *self, uint8_t *dst);
     terse_status (*state_load)(void *self, const uint8_t *src, size_t len);
+
+    /* ---- How the collectives aggregate (appended after 0.1.0; optional:
+     * NULL, as in a table built with an older header, means not offered) ----
+     *
+     * terse_allreduce drives every codec through these entries alone; it
+     * never knows a codec by name or id. It takes the first that applies:
+     *
+     *   1. rounds(self) > 0: the codec's own multi-round protocol.
+     *   2. TERSE_CODEC_SUMMABLE and summable_view: every rank encodes, the
+     *      ranks check that their messages agree outside the values, the
+     *      values are summed by the dense ring inside the message, and the
+     *      summed message is decoded once.
+     *   3. Otherwise the messages themselves travel: an all-gather of every
+     *      rank's message, decoded in rank order, or, at 4 ranks and more,
+     *      a compressed reduce-scatter (each rank decodes and sums its own
+     *      segment of everyone's message, re-encodes the sum, and the sums
+     *      are all-gathered); the latter only if segment_align allows the
+     *      tensor to be cut. See docs/collectives.md for the rule.
+     *
+     * A codec that declares TERSE_CODEC_SUMMABLE without summable_view takes
+     * path 3: terse cannot know where its values sit. */
+
+    /* 2. Where the values are in this payload (one this codec encoded). Every
+     * byte outside them must be the same on every rank for the messages to
+     * add (terse checks a hash of them), and adding the values must add the
+     * decoded tensors. */
+    terse_status (*summable_view)(const void *self, const uint8_t *payload,
+                                  size_t payload_len, terse_summable_view *view);
+
+    /* 1. Multi-round aggregation (PowerSGD: sum P, orthonormalise, sum Q).
+     * rounds(self) = R > 0 rounds. For r = 0 .. R-1 terse calls
+     * round_vector, which points *vec at `*count` floats (codec-owned
+     * memory, or x itself) that terse then sums over the ranks in place,
+     * bitwise identically on every rank; after the last sum,
+     * round_finish writes alpha times the aggregate into x. x is this
+     * rank's input until round_finish overwrites it. With ef=1 the rounds
+     * keep ctx->residual themselves (absorb the input, leave in it what
+     * this rank wanted to send minus what it contributed). R and every
+     * count must follow from the spec and shape alone (all ranks agree).
+     * Must not allocate. rounds(self) == 0: not for this shape. */
+    unsigned (*rounds)(const void *self);
+    terse_status (*round_vector)(void *self, const terse_round_ctx *ctx,
+                                 unsigned round, float *x, float **vec,
+                                 size_t *count);
+    terse_status (*round_finish)(void *self, const terse_round_ctx *ctx,
+                                 float *x, float alpha);
+
+    /* 3. Cutting, for the compressed reduce-scatter. terse may cut the
+     * tensor into contiguous segments at multiples of segment_align(self)
+     * elements and code each with a codec of the same name created for
+     * 1 x len elements, ef=0 (terse keeps the residuals). Return the
+     * granularity at which a piece's message says what the whole message
+     * says of those elements (a bucket), >= 1; 0: never cut.
+     * segment_options (optional) writes the canonical options for a
+     * segment of len of the tensor's elements, as create writes canon
+     * (e.g. topk scales a fixed k=); NULL: the segment takes the tensor's
+     * options. */
+    size_t (*segment_align)(const void *self);
+    terse_status (*segment_options)(const void *self, size_t len, char *canon,
+                                    size_t cap);
 } terse_codec_ops;
 
 /*

@@ -31,7 +31,7 @@
 #include "plain_procs.h"
 #include "terse.h"
 
-#define TR_MAX_RANKS 6
+#define TR_MAX_RANKS 8
 #define TR_SLOTS 96
 #define TR_FLOATS 4096
 
