@@ -116,6 +116,21 @@ static terse_status run_codec(terse_comm *c, float *buf, size_t n, terse_codec *
     }
 }
 
+const char *terse_allreduce_algorithm(const terse_comm *c, const terse_codec *codec, size_t n) {
+    if (!c) return "invalid";
+    if (!codec) {
+        if (c->nranks == 1) return "local";
+        return n <= terse__rd_max_bytes(c) / sizeof(float) ? "dense-rd" : "dense-ring";
+    }
+    switch (terse__codec_agg_kind(codec)) {
+    case TERSE__AGG_ROUNDS: return "rounds";
+    case TERSE__AGG_SUMMABLE: return "summable";
+    default: break;
+    }
+    if (c->nranks == 1) return "gather";
+    return want_rs(c, codec) && terse__codec_can_cut(codec, (uint32_t)c->nranks) ? "rs" : "gather";
+}
+
 terse_status terse__allreduce_run(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                   terse_op op) {
     if (!codec) return terse__allreduce_dense(c, buf, n, op == TERSE_OP_AVG);

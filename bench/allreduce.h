@@ -48,6 +48,7 @@ typedef struct {
     int ok;                /* 0: failed, error says why */
     char spec[256];        /* as given ("dense" for none) */
     char provider[64];     /* terse_comm_provider(), or the MPI btl */
+    char algo[16];         /* terse_allreduce_algorithm(), or "mpi" */
     int nranks;
     size_t rows, cols;     /* the codec's shape; count = rows * cols */
     size_t bytes;          /* 4 * count: the fp32 buffer reduced */

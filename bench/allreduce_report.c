@@ -55,20 +55,22 @@ void ar_record_write(FILE *f, const ar_row *r) {
     bench_field_copy(spec, sizeof spec, r->spec);
     bench_field_copy(provider, sizeof provider, r->provider);
     bench_field_copy(error, sizeof error, r->error);
-    /* %.17g: every double reads back bit for bit. The --overlap fields come
-     * last, after the error text, so a reader of the first 16 still works. */
+    /* %.17g: every double reads back bit for bit. The --overlap fields and
+     * the algorithm come last, after the error text, so a reader of the
+     * first 16 still works. */
     fprintf(f,
             "%s\t%s\t%s\t%d\t%zu\t%zu\t%zu\t%d\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%d\t%s"
-            "\t%ld\t%.17g\t%.17g\t%.17g\n",
+            "\t%ld\t%.17g\t%.17g\t%.17g\t%s\n",
             r->is_mpi ? "mpi" : "terse", spec, provider, r->nranks, r->rows, r->cols, r->bytes,
             r->iters, r->time_s, r->mean_s, r->wire_sent, r->payload_sent, r->codec_s, r->net_s,
-            r->ok, error, r->compute_calls, r->compute_s, r->alone_s, r->overlap_s);
+            r->ok, error, r->compute_calls, r->compute_s, r->alone_s, r->overlap_s,
+            r->algo[0] ? r->algo : "-");
 }
 
 static int parse_record(char *line, ar_row *r) {
-    char *f[20];
-    int nf = bench_split_tabs(line, f, 20);
-    if (nf != 16 && nf != 20) return -1;
+    char *f[21];
+    int nf = bench_split_tabs(line, f, 21);
+    if (nf != 16 && nf != 20 && nf != 21) return -1;
     memset(r, 0, sizeof *r);
     if (strcmp(f[0], "mpi") == 0)
         r->is_mpi = 1;
@@ -90,7 +92,8 @@ static int parse_record(char *line, ar_row *r) {
     r->net_s = strtod(f[13], &end);
     r->ok = f[14][0] == '1';
     bench_field_copy(r->error, sizeof r->error, f[15]);
-    if (nf == 20) {
+    if (nf == 21) bench_field_copy(r->algo, sizeof r->algo, f[20]);
+    if (nf >= 20) {
         r->compute_calls = strtol(f[16], &end, 10);
         r->compute_s = strtod(f[17], &end);
         r->alone_s = strtod(f[18], &end);
@@ -117,7 +120,7 @@ int ar_record_read_all(const char *path, ar_row *rows, int cap) {
 void ar_report_begin(const ar_options *o, const char *provider, int nranks, int have_mpi) {
     if (o->csv) {
         printf("spec,provider,nranks,bytes,count,rows,cols,iters,time_us,algbw_gbps,busbw_gbps,"
-               "wire_bytes,payload_bytes,eff_algbw_gbps,mean_us,codec_us,net_us%s%s,status,error\n",
+               "wire_bytes,payload_bytes,eff_algbw_gbps,mean_us,codec_us,net_us%s%s,status,error,algo\n",
                have_mpi ? ",mpi_iters,mpi_time_us,mpi_algbw_gbps,mpi_busbw_gbps,vs_mpi" : "",
                o->overlap_ms > 0 ? ",sgemm_calls,compute_ms,allreduce_ms,overlapped_ms,"
                                    "overlap_vs_max,overlap_vs_sum" : "");
@@ -144,8 +147,9 @@ void ar_report_begin(const ar_options *o, const char *provider, int nranks, int 
 void ar_report_spec(const ar_options *o, const char *spec) {
     if (o->csv) return;
     printf("#\n# codec: %s\n", spec);
-    printf("#%12s %10s %11s %5s %11s %7s %7s %11s %9s %6s %5s", "size", "count", "shape",
-           "iters", "time(us)", "algbw", "busbw", "wire/rank", "eff.algbw", "codec%", "net%");
+    printf("#%12s %10s %11s %10s %5s %11s %7s %7s %11s %9s %6s %5s", "size", "count", "shape",
+           "algo", "iters", "time(us)", "algbw", "busbw", "wire/rank", "eff.algbw", "codec%",
+           "net%");
     if (o->vs_mpi) printf("  | %11s %7s %6s", "mpi(us)", "mpibus", "xMPI");
     if (o->overlap_ms > 0)
         printf("  | %9s %9s %9s %5s %5s", "comp(ms)", "ar(ms)", "ovl(ms)", "/max", "/sum");
@@ -185,7 +189,7 @@ static void report_csv(const ar_options *o, const ar_row *r, const ar_row *mpi) 
     }
     printf(",%s,", r->ok ? "ok" : "failed");
     csv_string(r->ok ? "" : r->error);
-    putchar('\n');
+    printf(",%s\n", r->algo[0] ? r->algo : "-");
 }
 
 void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi) {
@@ -202,8 +206,8 @@ void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi) {
         printf(" %12zu %10zu %11s  failed: %s\n", r->bytes, r->bytes / 4, shape, r->error);
         return;
     }
-    printf(" %12zu %10zu %11s %5d %11.1f %7.3f %7.3f %11.0f %9.3f %6.1f %5.1f", r->bytes,
-           r->bytes / 4, shape, r->iters, 1e6 * r->time_s, ar_algbw(r), ar_busbw(r), r->wire_sent,
+    printf(" %12zu %10zu %11s %10s %5d %11.1f %7.3f %7.3f %11.0f %9.3f %6.1f %5.1f", r->bytes,
+           r->bytes / 4, shape, r->algo[0] ? r->algo : "-", r->iters, 1e6 * r->time_s, ar_algbw(r), ar_busbw(r), r->wire_sent,
            ar_effective_algbw(r), 100.0 * r->codec_s / r->mean_s, 100.0 * r->net_s / r->mean_s);
     if (o->vs_mpi) {
         if (mpi && mpi->ok)

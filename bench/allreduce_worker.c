@@ -210,6 +210,7 @@ static int measure(worker *w, const char *spec, size_t bytes, ar_row *r) {
         }
     }
     if (ready) bench_gradient_fill(x0, n, GRADIENT_SEED + (uint64_t)w->rank);
+    snprintf(r->algo, sizeof r->algo, "%s", terse_allreduce_algorithm(w->comm, codec, n));
     if (!ready) fprintf(stderr, "terse-bench allreduce: %s\n", r->error);
     int all = all_ready(w, ready);
     if (all < 0) {

@@ -24,15 +24,17 @@ check() { # provider extra-args...
     fi
     # 3 codecs x 3 sizes (64K, 256K, 1M), each 'ok' with time > 0 and, for
     # two ranks, bytes on the wire > 0. Fields: 1 spec ... 9 time_us,
-    # 12 wire_bytes, 14 eff_algbw, 19 mpi_time_us, 22 vs_mpi; status is the
-    # second-to-last field.
+    # 12 wire_bytes, 14 eff_algbw, 19 mpi_time_us, 22 vs_mpi; status and
+    # algo are named in the header. Two ranks: dense takes recursive
+    # doubling or the ring, topk and int8 the all-gather of messages.
     local want=9
     local got
     got=$(awk -F, -v mpi="$*" '
-        NR == 1 { next }
-        { status = $(NF - 1) }
+        NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+        { status = $col["status"]; algo = $col["algo"] }
         status == "ok" && $9 > 0 && $12 > 0 && $14 > 0 &&
-            (mpi == "" || ($19 > 0 && $22 > 0)) { n++ }
+            (mpi == "" || ($19 > 0 && $22 > 0)) &&
+            (($1 == "\"dense\"" && algo ~ /^dense-(rd|ring)$/) || ($1 != "\"dense\"" && algo == "gather")) { n++ }
         END { print n + 0 }' "$out")
     if [[ $got != "$want" ]]; then
         echo "FAIL: $provider: expected $want ok rows, got $got"
@@ -49,6 +51,24 @@ if [[ $mpi == mpi ]]; then
 else
     check shm
     check tcp
+fi
+
+# Four ranks: int8 at 1 MiB (256 KiB messages, 64 KiB pieces) takes the
+# compressed reduce-scatter by default, the all-gather when told, and the
+# reduce-scatter sends about half the gather's bytes.
+algo_bytes() { # env... -> "algo wire_bytes" of the one int8 row
+    env "$@" "$bench" allreduce -n 4 --provider shm -b 1M -e 1M -r 3 -w 1 -t 0.5 --csv -q \
+        -c int8 | awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+                           $col["status"] == "ok" { print $col["algo"], $col["wire_bytes"] }'
+}
+read -r a_rs b_rs < <(algo_bytes -u TERSE_COMPRESSED_ALGO)
+read -r a_g b_g < <(algo_bytes TERSE_COMPRESSED_ALGO=gather)
+if [[ ${a_rs:-} != rs || ${a_g:-} != gather ]] ||
+   ! awk -v r="${b_rs:-0}" -v g="${b_g:-0}" 'BEGIN { exit !(r > 0 && g > 0 && r < 0.6 * g) }'; then
+    echo "FAIL: 4 ranks int8 1M: default '${a_rs:-none}' ${b_rs:-?} B, gather '${a_g:-none}' ${b_g:-?} B"
+    fail=1
+else
+    echo "ok: 4 ranks int8 1M: rs sends $b_rs B per rank, gather $b_g B"
 fi
 
 # Usage errors are exit 2 and never start a rank.

@@ -42,7 +42,7 @@ cat "$out"
 # Columns by name from the CSV header; the one dense row must be ok.
 read -r status compute allreduce overlapped vs_max vs_sum < <(awk -F, '
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-    { print $(NF - 1), $col["compute_ms"], $col["allreduce_ms"], $col["overlapped_ms"],
+    { print $col["status"], $col["compute_ms"], $col["allreduce_ms"], $col["overlapped_ms"],
             $col["overlap_vs_max"], $col["overlap_vs_sum"]; exit }' "$out")
 if [[ ${status:-} != ok || -z ${vs_sum:-} ]]; then
     echo "FAIL: no ok row with overlap figures in the output above"

@@ -152,6 +152,13 @@ static terse_status make_child(const terse_codec *c, size_t len, terse_codec **o
     return TERSE_OK;
 }
 
+int terse__codec_can_cut(const terse_codec *c, uint32_t nranks) {
+    size_t align = c->ops.segment_align ? c->ops.segment_align(c->self) : 0;
+    if (align == 0 || nranks < 2) return 0;
+    size_t blocks = c->n / align + (c->n % align != 0);
+    return blocks >= nranks; /* else a segment would be empty */
+}
+
 terse_status terse__codec_segments(terse_codec *c, uint32_t nranks, uint32_t rank,
                                    const terse__segments **out) {
     *out = NULL;
@@ -160,10 +167,9 @@ terse_status terse__codec_segments(terse_codec *c, uint32_t nranks, uint32_t ran
         return TERSE_OK;
     }
     terse__codec_free_segments(c);
-    size_t align = c->ops.segment_align ? c->ops.segment_align(c->self) : 0;
-    if (align == 0 || nranks < 2) return TERSE_OK;
+    if (!terse__codec_can_cut(c, nranks)) return TERSE_OK;
+    size_t align = c->ops.segment_align(c->self);
     size_t blocks = c->n / align + (c->n % align != 0);
-    if (blocks < nranks) return TERSE_OK; /* a segment would be empty */
 
     terse_status s = TERSE_OK;
     terse__segments *g = calloc(1, sizeof *g);

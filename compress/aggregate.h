@@ -56,6 +56,10 @@ typedef struct terse__segments {
     size_t max_bound;    /* the largest child's terse_codec_bound */
 } terse__segments;
 
+/* Nonzero if the codec's tensor can be cut into nranks non-empty
+ * segments (segment_align given, and at least nranks buckets). */
+int terse__codec_can_cut(const terse_codec *c, uint32_t nranks);
+
 /* Prepare (or reuse) the cut for nranks ranks, this one being `rank`:
  * *out = NULL (and TERSE_OK) when the codec cannot be cut -- no
  * segment_align, or a segment would be empty. Call it before the codec is

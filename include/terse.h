@@ -614,6 +614,16 @@ typedef enum terse_op {
 TERSE_API terse_status terse_allreduce(terse_comm *comm, float *buf, size_t n,
                                        terse_codec *codec, terse_op op);
 
+/*
+ * The algorithm terse_allreduce runs for n floats with this codec (NULL:
+ * dense) on this communicator, for logs and benchmarks: "dense-rd"
+ * (recursive doubling), "dense-ring", "rounds", "summable", "gather", "rs"
+ * (the compressed reduce-scatter), "local" (one rank, dense), or "invalid"
+ * for a NULL communicator. Thread-safe; no communication.
+ */
+TERSE_API const char *terse_allreduce_algorithm(const terse_comm *comm,
+                                                const terse_codec *codec, size_t n);
+
 /* Copy bytes from root's buf into every other rank's buf. */
 TERSE_API terse_status terse_broadcast(terse_comm *comm, void *buf, size_t bytes, int root);
 

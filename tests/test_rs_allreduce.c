@@ -386,12 +386,17 @@ static void register_plugins(void) {
 static const struct plugin_case {
     const char *spec;
     size_t n;
+    const char *algo; /* terse_allreduce_algorithm's name for the path */
 } plugin_cases[] = {
-    {"tsum", PN_SMALL}, {"tsumnov", PN_SMALL}, {"tround", PN_SMALL}, {"tplain", PN_LARGE},
+    {"tsum", PN_SMALL, "summable"},
+    {"tsumnov", PN_SMALL, "gather"},
+    {"tround", PN_SMALL, "rounds"},
+    {"tplain", PN_LARGE, "rs"},
 };
 #define NPLUG (sizeof plugin_cases / sizeof plugin_cases[0])
 
-/* u[i]: exact sums; u[8 + i]: payload bytes sent; u[16 + i]: wire bytes sent. */
+/* u[i]: exact sums; u[8 + i]: payload bytes sent; u[16 + i]: wire bytes
+ * sent; u[24 + i]: terse_allreduce_algorithm named the expected path. */
 static int plugin_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     register_plugins();
@@ -402,6 +407,7 @@ static int plugin_body(terse_comm *c, tr_out *o, const void *arg) {
         terse_codec *codec = NULL;
         TR_CALL(o, terse_codec_create(plugin_cases[pi].spec, 1, n, &codec));
         for (size_t i = 0; i < n; i++) y[i] = (float)((r + 1) * (int)(i % 13 + 1));
+        o->u[24 + pi] = !strcmp(terse_allreduce_algorithm(c, codec, n), plugin_cases[pi].algo);
         terse_comm_reset_stats(c);
         TR_CALL(o, terse_allreduce(c, y, n, codec, TERSE_OP_SUM));
         terse_comm_stats st = TERSE_COMM_STATS_INIT;
@@ -424,9 +430,12 @@ Test(plugin_aggregation, each_plugin_takes_the_path_its_table_offers) {
     tr_out *o = tr_run(&job, plugin_body, NULL);
     const uint64_t H = TERSE_WIRE_HEADER_SIZE, small = 4 * PN_SMALL;
     for (int r = 0; r < N; r++) {
-        for (size_t pi = 0; pi < NPLUG; pi++)
+        for (size_t pi = 0; pi < NPLUG; pi++) {
             cr_expect_eq(o[r].u[pi], 1, "%s: rank %d's sums are not exact",
                          plugin_cases[pi].spec, r);
+            cr_expect_eq(o[r].u[24 + pi], 1, "%s: terse_allreduce_algorithm is not '%s'",
+                         plugin_cases[pi].spec, plugin_cases[pi].algo);
+        }
         /* tsum: its values through recursive doubling (2 exchanges at 4
          * ranks), plus the 8-byte digests of the all-gather as framing */
         cr_expect_eq(o[r].u[8], 2 * small, "tsum: rank %d sent %llu", r,

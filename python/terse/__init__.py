@@ -593,6 +593,13 @@ class Comm(_Closing):
         del keep
         return buf
 
+    def allreduce_algorithm(self, n, codec=None):
+        """The algorithm allreduce runs for n floats with this codec (None:
+        dense): "dense-rd", "dense-ring", "rounds", "summable", "gather",
+        "rs" (compressed reduce-scatter) or "local" (one rank)."""
+        ch = self._codec(codec, int(n))
+        return _lib.terse_allreduce_algorithm(self._handle(), ch, int(n)).decode()
+
     def allreduce_start(self, buf, codec=None, op="sum"):
         addr, n, keep = _float_buffer(buf, "buf", True)
         ch = self._codec(codec, n)

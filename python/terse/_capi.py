@@ -187,6 +187,7 @@ PROTOTYPES = {
     "terse_comm_size": (_int, [handle]),
     "terse_comm_provider": (_str, [handle]),
     "terse_allreduce": (status, [handle, _vp, _sz, handle, _int]),
+    "terse_allreduce_algorithm": (_str, [handle, handle, _sz]),
     "terse_broadcast": (status, [handle, _vp, _sz, _int]),
     "terse_allgather": (status, [handle, _vp, _sz, _vp, _sz, c_size_p]),
     "terse_barrier": (status, [handle]),

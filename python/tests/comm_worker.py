@@ -43,6 +43,7 @@ if scenario == "collectives":
     allg = [np.random.default_rng(7 + k).standard_normal(N).astype(np.float32) for k in range(n)]
     with terse.Codec("int8:ef=1", N) as c:
         c.set_stream(0, r)
+        res["int8_algo"] = comm.allreduce_algorithm(N, c)
         gg = g.copy()
         comm.allreduce(gg, codec=c, op="avg")
         res["int8_err"] = float(np.abs(gg - sum(allg) / n).max())

@@ -14,6 +14,7 @@ def test_collectives(ranks, provider, n):
         assert r["provider"] == ("shm" if provider == "shm" else "tcp;ofi_rxm")
         assert r["sum_ok"] and r["avg_err"] < 1e-3
         assert r["int8_err"] < 0.05 and r["int8_residual"]
+        assert r["int8_algo"] == "gather"  # below 4 ranks
         assert r["bcast_ok"] and r["bcast_bytes"] == "RANK!!"
         assert r["gather_ok"] and r["gather_nb_ok"] and r["nb_ok"] and r["group_ok"]
         assert r["torch_ok"] in (True, "no torch")
@@ -69,6 +70,11 @@ def test_single_rank_and_bad_buffers():
                 comm.allreduce(x, codec=c)
         with pytest.raises(TypeError, match="terse.Codec"):
             comm.allreduce(x, codec="fp16")
+        assert comm.allreduce_algorithm(10) == "local"
+        with terse.Codec("int8", 10) as c:
+            assert comm.allreduce_algorithm(10, c) == "gather"
+        with terse.Codec("powersgd:rank=2", 10) as c:
+            assert comm.allreduce_algorithm(10, c) == "rounds"
     with pytest.raises(ValueError, match="closed"):
         comm.barrier()
 

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# compressed-allreduce.sh [--net RATE] [--bytes SIZE] [--ranks "2 4 8"] [--codecs "..."]
+#                         [--provider P] [--repeats N] [TERSE_BENCH]
+#
+# The compressed allreduce's table per rank count: every codec through the
+# all-gather of whole messages (TERSE_COMPRESSED_ALGO=gather) and through
+# the compressed reduce-scatter (=rs), dense beside them, in one run per
+# rank count. Columns: codec, algorithm, wire bytes per rank, codec s, wire
+# s (time waiting on the network), total s (median of the slowest rank),
+# effective algbw (fp32 bytes / time), x dense (dense time / this time).
+# --net RATE runs everything inside bench/slow-net.sh's shaped namespace
+# (root; RATE is the total of every rank's traffic on the one loopback).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bench=""
+net=""
+bytes=16M
+ranks="2 4 8"
+codecs="fp16 int8 qsgd sign topk:ratio=0.01,ef=1 vq"
+provider=tcp
+repeats=5
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    -h | --help)
+        sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    --net) net=$2; shift 2 ;;
+    --bytes) bytes=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
+    --codecs) codecs=$2; shift 2 ;;
+    --provider) provider=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
+    -*) echo "compressed-allreduce.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
+    *) bench=$1; shift ;;
+    esac
+done
+bench=${bench:-$here/../build/bench/terse-bench}
+[[ -x $bench ]] || { echo "compressed-allreduce.sh: no terse-bench at $bench (build first)" >&2; exit 2; }
+
+cargs=(-c dense)
+for c in $codecs; do cargs+=(-c "$c"); done
+run() { # algo nranks -> CSV on stdout
+    local algo=$1 n=$2
+    local cmd=(env TERSE_COMPRESSED_ALGO="$algo" OPENBLAS_NUM_THREADS=1 "$bench" allreduce
+               -n "$n" --provider "$provider" -b "$bytes" -e "$bytes" -r "$repeats" -w 1 -t 4
+               --csv -q "${cargs[@]}")
+    if [[ -n $net ]]; then
+        bash "$here/slow-net.sh" "$net" "${cmd[@]}"
+    else
+        "${cmd[@]}"
+    fi
+}
+
+echo "# compressed allreduce, $bytes fp32, provider $provider${net:+, shaped link $net (total)}"
+echo "# CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores"
+for n in $ranks; do
+    echo "#"
+    echo "# $n ranks"
+    printf '%-24s %-10s %12s %9s %9s %9s %9s %8s\n' codec algo bytes/rank codec_s wire_s \
+        total_s eff.GB/s x_dense
+    for algo in gather rs; do
+        run "$algo" "$n"
+    done | /usr/bin/python3 -c '
+import csv, sys
+dense = None
+for row in csv.DictReader(sys.stdin):
+    if row["spec"] == "spec":
+        continue
+    spec, algo = row["spec"], row["algo"]
+    if row["status"] != "ok":
+        print("%-24s %-10s failed: %s" % (spec, algo, row["error"]))
+        continue
+    t = float(row["time_us"]) / 1e6
+    if spec == "dense":
+        if dense is not None:
+            continue
+        dense = t
+    print("%-24s %-10s %12.0f %9.4f %9.4f %9.4f %9.3f %8.2f" % (
+        spec, algo, float(row["wire_bytes"]), float(row["codec_us"]) / 1e6,
+        float(row["net_us"]) / 1e6, t, float(row["eff_algbw_gbps"]), dense / t if dense else 0))
+'
+done
