@@ -52,24 +52,32 @@ terse_status terse__allreduce_check(terse_comm *c, float *buf, size_t n, terse_c
 }
 
 /* Reduce-scatter instead of the all-gather of whole messages?
- * TERSE_COMPRESSED_ALGO=gather|rs decides; by default (auto) from 4 ranks
- * on, when each rank's piece of a message can still be 16 KiB or more.
- * The all-gather moves (N - 1) M bytes per rank for messages of M bytes,
- * the reduce-scatter about 2 (N - 1) / N M, so from N = 3 on it moves
- * fewer; it also adds a re-encode (its own error, and codec time), and its
- * 2 (N - 1) messages of M / N bytes pay latency twice where the gather
- * pays it once. At N = 3 the saving (2 M against 1.33 M) does not pay for
- * the second quantization; at N >= 4 it halves the bytes or better. Below
- * 16 KiB pieces the latency of the extra messages dominates (see
- * `terse-bench allreduce --model`). */
+ * TERSE_COMPRESSED_ALGO=gather|rs decides. By default (auto) rs when
+ *   - N >= 4,
+ *   - the all-gather would move more bytes than the dense ring: with
+ *     messages of M bytes (the codec's bound) for n floats, (N - 1) M >
+ *     2 (N - 1) / N x 4 n, i.e. N M > 8 n -- the codec's compression ratio
+ *     is below N / 2, so gathering whole messages gives back what it saved
+ *     (fp16 from 4 ranks, int8 from 8, 4-bit qsgd from 16, sign from 63);
+ *   - and a message's 1/N share is still >= 16 KiB (below, the latency of
+ *     the reduce-scatter's twice as many messages dominates).
+ * Why not always from 4 ranks, where it is faster: the re-encode of each
+ * segment's sum is a second quantization, and in terse-bench train it cost
+ * 0.5 to 1.5 points of accuracy against the all-gather at 2, 4 and 8
+ * workers (docs/collectives.md); the all-gather keeps each rank's message
+ * exact. So auto spends accuracy only where the all-gather would cost more
+ * than not compressing at all. */
 #define RS_MIN_RANKS 4
 #define RS_MIN_PIECE_BYTES ((size_t)16 << 10)
 
 static int want_rs(const terse_comm *c, const terse_codec *codec) {
     if (c->params.compressed_algo == 1) return 0;
     if (c->params.compressed_algo == 2) return c->nranks >= 2;
-    return c->nranks >= RS_MIN_RANKS &&
-           terse_codec_bound(codec) / (size_t)c->nranks >= RS_MIN_PIECE_BYTES;
+    const size_t N = (size_t)c->nranks, M = terse_codec_bound(codec);
+    const size_t n = terse_codec_elements(codec);
+    if (N < RS_MIN_RANKS || M / N < RS_MIN_PIECE_BYTES) return 0;
+    /* N M > 8 n, in floating point: no overflow for any n <= 2^36 */
+    return (double)N * (double)M > 8.0 * (double)n;
 }
 
 typedef enum { RUN_ROUNDS, RUN_SUMMABLE, RUN_GATHER, RUN_RS } run_kind;

@@ -5,7 +5,10 @@
  *
  *   1. Every rank encodes its buffer segment by segment (its own error
  *      feedback over the whole tensor, as terse_encode keeps it).
- *   2. The N x N piece lengths are all-gathered (8 bytes each, framing).
+ *   2. The N x N piece lengths are all-gathered (8 bytes each, framing),
+ *      with a digest of each rank's codec spec and cut: ranks whose codecs
+ *      differ are refused on every rank (TERSE_ERR_CORRUPT) before any
+ *      piece moves, as is any length no piece of its segment can have.
  *   3. All-to-all: rank r sends its piece of segment s to rank s, and
  *      receives every rank's piece of segment r (pairwise: at step t it
  *      sends to r + t and receives from r - t).
@@ -30,6 +33,7 @@
  * (docs/collectives.md states the bounds the tests check). */
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "algos/comm.h"
 #include "common/error.h"
@@ -44,9 +48,26 @@ static terse_status decode_error(terse_comm *c, terse_status s, const char *what
     return TERSE_ERROR(s, "rank %d: decoding rank %d's %s: %s", c->rank, from, what, why);
 }
 
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* What every rank's codec must agree on: its canonical spec, its element
+ * count and its cut. */
+static uint64_t codec_digest(const terse_codec *codec, const terse__segments *g) {
+    const char *spec = terse_codec_spec(codec);
+    const size_t n = terse_codec_elements(codec);
+    uint64_t h = fnv(0xcbf29ce484222325ull, spec, strlen(spec));
+    h = fnv(h, &n, sizeof n);
+    h = fnv(h, g->off, g->nranks * sizeof(size_t));
+    return fnv(h, g->len, g->nranks * sizeof(size_t));
+}
+
 /* 3. Every rank's piece of our segment into piece[q] (ours is own[r]). */
 static terse_status all_to_all(terse_comm *c, uint8_t *own, uint8_t *piece, size_t slot,
-                               const size_t *mine, const uint64_t *L) {
+                               const size_t *mine, const uint64_t *L, size_t row) {
     const int N = c->nranks, r = c->rank;
     terse__comm_next_phase(c);
     for (int t0 = 1; t0 < N; t0 += RS_WINDOW) {
@@ -55,7 +76,7 @@ static terse_status all_to_all(terse_comm *c, uint8_t *own, uint8_t *piece, size
             int to = (r + t) % N, from = (r - t + N) % N;
             uint64_t tag = terse__comm_tag(c, (uint64_t)t);
             TERSE_CHECK(terse__comm_irecv(c, from, tag, piece + (size_t)from * slot,
-                                          (size_t)L[(size_t)from * N + r], TERSE__BYTES_PAYLOAD,
+                                          (size_t)L[(size_t)from * row + r], TERSE__BYTES_PAYLOAD,
                                           &c->reqs[nreq++]));
             TERSE_CHECK(terse__comm_isend(c, to, tag, own + (size_t)to * slot, mine[to],
                                           TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
@@ -80,12 +101,13 @@ terse_status terse__allreduce_rs(terse_comm *c, float *buf, size_t n, terse_code
         return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: %d pieces of %zu bytes overflow", r, N,
                            g->max_bound);
     uint8_t *own = terse__comm_scratch(c, 0, 3 * (size_t)N * slot + seg * sizeof(float));
-    uint64_t *L = terse__comm_scratch(c, 1, ((size_t)N * N + 2 * (size_t)N) * sizeof(uint64_t));
+    const size_t row = (size_t)N + 1; /* N piece lengths and the codec digest */
+    uint64_t *L = terse__comm_scratch(c, 1, ((size_t)N * row + row + (size_t)N) * sizeof(uint64_t));
     size_t *aux = terse__comm_scratch(c, 2, 3 * (size_t)N * sizeof(size_t));
     if (!own || !L || !aux) return TERSE_ERR_NOMEM;
     uint8_t *piece = own + (size_t)N * slot, *owner = piece + (size_t)N * slot;
     float *sum = (float *)(void *)(owner + (size_t)N * slot);
-    uint64_t *mine64 = L + (size_t)N * N, *olen = mine64 + N;
+    uint64_t *mine64 = L + (size_t)N * row, *olen = mine64 + row;
     size_t *mine = aux, *off = aux + N, *len = aux + 2 * (size_t)N;
 
     /* 1. encode our pieces */
@@ -94,28 +116,39 @@ terse_status terse__allreduce_rs(terse_comm *c, float *buf, size_t n, terse_code
     terse__comm_codec_time(c, t0);
     TERSE_CHECK(s);
 
-    /* 2. everyone's piece lengths: L[q * N + s] = rank q's piece of s */
+    /* 2. everyone's piece lengths, L[q * row + s] = rank q's piece of s,
+     * and codec digests, L[q * row + N] */
     for (int q = 0; q < N; q++) mine64[q] = mine[q];
-    TERSE_CHECK(terse__allgather_fixed(c, mine64, (size_t)N * sizeof(uint64_t), L));
-    const size_t rbound = terse_codec_bound(g->child[r]);
-    for (int q = 0; q < N; q++)
-        if (L[(size_t)q * N + r] > rbound)
+    mine64[N] = codec_digest(codec, g);
+    TERSE_CHECK(terse__allgather_fixed(c, mine64, row * sizeof(uint64_t), L));
+    for (int q = 0; q < N; q++) {
+        if (L[(size_t)q * row + N] != mine64[N])
             return TERSE_ERROR(TERSE_ERR_CORRUPT,
-                               "rank %d: rank %d announces a %llu-byte piece of segment %d, but "
-                               "codec '%s' never exceeds %zu there (do all ranks use the same "
-                               "spec and shape?)",
-                               r, q, (unsigned long long)L[(size_t)q * N + r], r,
-                               terse_codec_spec(codec), rbound);
+                               "rank %d: rank %d's codec or its cut into %d segments differs "
+                               "from this rank's '%s' (do all ranks use the same spec and "
+                               "shape?)",
+                               r, q, N, terse_codec_spec(codec));
+        for (int sg = 0; sg < N; sg++) {
+            const uint64_t l = L[(size_t)q * row + sg];
+            const size_t sb = terse_codec_bound(g->child[sg]);
+            if (l < TERSE_WIRE_HEADER_SIZE || l > sb)
+                return TERSE_ERROR(TERSE_ERR_CORRUPT,
+                                   "rank %d: rank %d announces a %llu-byte piece of segment %d, "
+                                   "but codec '%s' writes %u to %zu bytes there",
+                                   r, q, (unsigned long long)l, sg, terse_codec_spec(codec),
+                                   TERSE_WIRE_HEADER_SIZE, sb);
+        }
+    }
 
     /* 3. the pieces of our segment */
-    TERSE_CHECK(all_to_all(c, own, piece, slot, mine, L));
+    TERSE_CHECK(all_to_all(c, own, piece, slot, mine, L, row));
 
     /* 4. decode and sum them in rank order, re-encode the sum */
     t0 = terse__now_ns();
     for (int q = 0; q < N; q++) {
         const uint8_t *p = q == r ? own + (size_t)r * slot : piece + (size_t)q * slot;
-        s = terse__codec_decode_segment(codec, (uint32_t)r, p, (size_t)L[(size_t)q * N + r], sum,
-                                        1.0f, q > 0);
+        s = terse__codec_decode_segment(codec, (uint32_t)r, p, (size_t)L[(size_t)q * row + r],
+                                        sum, 1.0f, q > 0);
         if (s != TERSE_OK) {
             terse__comm_codec_time(c, t0);
             return decode_error(c, s, "piece of our segment", q);
@@ -131,7 +164,7 @@ terse_status terse__allreduce_rs(terse_comm *c, float *buf, size_t n, terse_code
     TERSE_CHECK(terse__allgather_u64(c, olen_mine, olen));
     for (int b = 0; b < N; b++) {
         size_t bb = terse_codec_bound(g->child[b]);
-        if (olen[b] > bb)
+        if (olen[b] < TERSE_WIRE_HEADER_SIZE || olen[b] > bb)
             return TERSE_ERROR(TERSE_ERR_CORRUPT,
                                "rank %d: rank %d announces a %llu-byte message for its segment, "
                                "but codec '%s' never exceeds %zu there",

@@ -59,6 +59,11 @@ terse_status terse__codec_round_vector(terse_codec *c, uint32_t nranks, unsigned
     if (*count && !*vec)
         return TERSE_ERROR(TERSE_ERR_INTERNAL, "codec '%s': round %u gave %zu floats at NULL",
                            c->ops.name, r, *count);
+    if (*count > TERSE_MAX_ELEMENTS ||
+        (*vec >= x && *vec < x + c->n && *count > (size_t)(x + c->n - *vec)))
+        return TERSE_ERROR(TERSE_ERR_INTERNAL,
+                           "codec '%s': round %u gave %zu floats, more than %s holds", c->ops.name,
+                           r, *count, *vec >= x && *vec < x + c->n ? "the input" : "allowed");
     return TERSE_OK;
 }
 
@@ -97,6 +102,8 @@ uint64_t terse__message_frame_digest(const uint8_t *msg, size_t len, size_t valu
                                      size_t count) {
     /* The header is left out: its checksum covers the values. */
     uint64_t h = fnv1a(0xcbf29ce484222325ull, (const uint8_t *)&len, sizeof len);
+    h = fnv1a(h, (const uint8_t *)&values_off, sizeof values_off);
+    h = fnv1a(h, (const uint8_t *)&count, sizeof count);
     const size_t vend = values_off + 4 * count;
     h = fnv1a(h, msg + TERSE_WIRE_HEADER_SIZE, values_off - TERSE_WIRE_HEADER_SIZE);
     return fnv1a(h, msg + vend, len - vend);
@@ -153,6 +160,9 @@ static terse_status make_child(const terse_codec *c, size_t len, terse_codec **o
 }
 
 int terse__codec_can_cut(const terse_codec *c, uint32_t nranks) {
+    /* a stateful codec's children would keep state outside its snapshots
+     * and checkpoints, advanced differently on different ranks */
+    if (c->ops.state_size && c->ops.state_size(c->self) > 0) return 0;
     size_t align = c->ops.segment_align ? c->ops.segment_align(c->self) : 0;
     if (align == 0 || nranks < 2) return 0;
     size_t blocks = c->n / align + (c->n % align != 0);
@@ -166,7 +176,10 @@ terse_status terse__codec_segments(terse_codec *c, uint32_t nranks, uint32_t ran
         *out = c->segs;
         return TERSE_OK;
     }
-    terse__codec_free_segments(c);
+    /* Another cut (another communicator): the new one is built first and
+     * replaces the old only once complete, so a failure changes nothing.
+     * The old owner's residual is dropped with it (docs: a codec keeps the
+     * re-encode residual of one communicator). */
     if (!terse__codec_can_cut(c, nranks)) return TERSE_OK;
     size_t align = c->ops.segment_align(c->self);
     size_t blocks = c->n / align + (c->n % align != 0);
@@ -198,6 +211,7 @@ terse_status terse__codec_segments(terse_codec *c, uint32_t nranks, uint32_t ran
             TERSE_FAIL_GOTO(s, fail, TERSE_ERR_NOMEM, "allocating a %zu-element hop residual",
                             g->len[rank]);
     }
+    terse__codec_free_segments(c);
     c->segs = g;
     *out = g;
     return TERSE_OK;
@@ -216,19 +230,28 @@ terse_status terse__codec_encode_segments(terse_codec *c, const float *x, uint8_
                                           size_t slot, size_t *len) {
     const terse__segments *g = c->segs;
     const float *src = x;
+    if (c->residual && x < c->residual + c->n && c->residual < x + c->n)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "codec '%s': the gradient overlaps the codec's own residual "
+                           "(terse_codec_residual is read only)",
+                           c->ops.name);
     if (c->ef) {
         for (size_t i = 0; i < c->n; i++) c->residual[i] += x[i];
         src = c->residual;
     }
-    for (uint32_t s = 0; s < g->nranks; s++) {
+    terse_status st = TERSE_OK;
+    uint32_t s = 0;
+    for (; st == TERSE_OK && s < g->nranks; s++) {
         terse_codec *child = g->child[s];
         uint8_t *m = msgs + (size_t)s * slot;
         child_stream(child, c, s, c->rank);
-        TERSE_CHECK(terse_encode(child, src + g->off[s], m, slot, &len[s]));
-        if (c->ef)
-            TERSE_CHECK(terse_decode(child, m, len[s], c->residual + g->off[s], -1.0f, 1));
+        st = terse_encode(child, src + g->off[s], m, slot, &len[s]);
+        if (st == TERSE_OK && c->ef)
+            st = terse_decode(child, m, len[s], c->residual + g->off[s], -1.0f, 1);
     }
-    return TERSE_OK;
+    /* On failure e is left part-way; the collective puts back its
+     * snapshot (algos/allreduce.c), as for every state it touches. */
+    return st;
 }
 
 terse_status terse__codec_requantize(terse_codec *c, const float *sum, uint8_t *msg, size_t cap,

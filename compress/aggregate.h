@@ -69,7 +69,8 @@ terse_status terse__codec_segments(terse_codec *c, uint32_t nranks, uint32_t ran
 
 /* Encode this rank's x, segment by segment, into msgs + s * slot (slot >=
  * max_bound), lengths in len[s]; with ef=1 the codec's residual is applied
- * and updated exactly as terse_encode would for the whole tensor. */
+ * and updated exactly as terse_encode would for the whole tensor. On
+ * failure the residual is left part-way: restore the snapshot. */
 terse_status terse__codec_encode_segments(terse_codec *c, const float *x, uint8_t *msgs,
                                           size_t slot, size_t *len);
 /* The owner's re-encode of its segment's sum (len[rank] floats; with ef=1

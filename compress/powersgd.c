@@ -402,10 +402,10 @@ static terse_status psgd_round_vector(void *self, const terse_round_ctx *ctx, un
 
 static terse_status psgd_round_finish(void *self, const terse_round_ctx *ctx, float *x,
                                       float alpha) {
-    (void)ctx;
     psgd_codec *c = self;
-    if (!c->rank) {
-        if (alpha != 1.0f) terse__kernel_axpy_f32(x, (const uint8_t *)x, c->n, alpha, 0);
+    if (!c->rank) { /* an average divides by N, as the dense path does */
+        if (alpha != 1.0f)
+            for (size_t i = 0; i < c->n; i++) x[i] /= (float)ctx->nranks;
         return TERSE_OK;
     }
     cblas_sgemm(CblasColMajor, CblasNoTrans, CblasTrans, (int)c->cols, (int)c->rows,

@@ -26,10 +26,14 @@ static terse_status register_locked(const terse_codec_ops *ops, int builtin) {
     if (ops->size < offsetof(terse_codec_ops, state_size))
         return TERSE_ERROR(TERSE_ERR_INVALID, "codec ops size %zu is smaller than any known table",
                            ops->size);
-    /* Copy what the caller's header version knew; newer entries stay NULL. */
+    /* Copy what the caller's header version knew; newer entries stay NULL.
+     * Every entry after `flags` is a pointer, so a size that is not a
+     * whole number of pointers is rounded down: never half an entry. */
     terse_codec_ops c;
     memset(&c, 0, sizeof c);
-    memcpy(&c, ops, ops->size < sizeof c ? ops->size : sizeof c);
+    size_t known = ops->size < sizeof c ? ops->size : sizeof c;
+    known -= (known - offsetof(terse_codec_ops, create)) % sizeof(void (*)(void));
+    memcpy(&c, ops, known);
     c.size = sizeof c;
     if (!c.name || !valid_name(c.name))
         return TERSE_ERROR(TERSE_ERR_INVALID, "codec name '%s' is not [a-z0-9_]{1,31}",
@@ -47,6 +51,13 @@ static terse_status register_locked(const terse_codec_ops *ops, int builtin) {
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "codec '%s' gives rounds but not both round_vector and round_finish",
                            c.name);
+    if ((c.round_vector || c.round_finish) && !c.rounds)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "codec '%s' gives round_vector or round_finish without rounds",
+                           c.name);
+    if (c.summable_view && !(c.flags & TERSE_CODEC_SUMMABLE))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "codec '%s' gives summable_view without TERSE_CODEC_SUMMABLE", c.name);
     if (c.segment_options && !c.segment_align)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "codec '%s' gives segment_options without segment_align", c.name);

@@ -539,9 +539,11 @@ typedef struct terse_comm terse_comm;
  *                           summable nor multi-round (fp16 ... vq): an
  *                           all-gather of whole messages, or a compressed
  *                           reduce-scatter + all-gather of re-encoded
- *                           segment sums. auto: rs from 4 ranks on when a
- *                           message's 1/N share is >= 16 KiB (see
- *                           terse_allreduce). Compared at init.
+ *                           segment sums. auto: rs from 4 ranks when the
+ *                           all-gather would move more bytes than dense
+ *                           (see terse_allreduce); rs is faster from 4
+ *                           ranks but re-encodes the sums (a second
+ *                           quantization). Compared at init.
  *   TERSE_PROGRESS          thread (default) | caller: see Progress below.
  *   TERSE_FABRIC_REGISTER=1 register every buffer even when the provider
  *                           does not require it (for testing).
@@ -595,10 +597,12 @@ typedef enum terse_op {
  *   - summable codecs with a view (randk) sum their values inside the
  *     messages with the dense algorithms, then decode once;
  *   - the others (fp16, bf16, int8, qsgd, terngrad, sign, topk, vq) move
- *     messages: below 4 ranks, or when a message's 1/N share is under
- *     16 KiB, every rank's message is all-gathered and decoded in rank
- *     order ((N-1) x message bytes per rank); otherwise (or with
- *     TERSE_COMPRESSED_ALGO=rs) a compressed reduce-scatter: each rank
+ *     messages: by default every rank's message is all-gathered and
+ *     decoded in rank order ((N-1) x message bytes per rank); from 4
+ *     ranks, when that would move more bytes than dense fp32 (N x message
+ *     bytes > 8 n: fp16 from 4 ranks, int8 from 8) and a message's 1/N
+ *     share is >= 16 KiB, or with TERSE_COMPRESSED_ALGO=rs, a compressed
+ *     reduce-scatter instead: each rank
  *     owns a segment of the tensor (cut on the codec's buckets), decodes
  *     and sums every rank's piece of it in rank order, re-encodes the sum
  *     with the same codec, and the sums are all-gathered (about

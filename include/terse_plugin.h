@@ -137,11 +137,13 @@ typedef struct terse_codec_ops {
      *      values are summed by the dense ring inside the message, and the
      *      summed message is decoded once.
      *   3. Otherwise the messages themselves travel: an all-gather of every
-     *      rank's message, decoded in rank order, or, at 4 ranks and more,
-     *      a compressed reduce-scatter (each rank decodes and sums its own
-     *      segment of everyone's message, re-encodes the sum, and the sums
-     *      are all-gathered); the latter only if segment_align allows the
-     *      tensor to be cut. See docs/collectives.md for the rule.
+     *      rank's message, decoded in rank order, or, from 4 ranks when
+     *      that would move more bytes than dense (see terse_allreduce in
+     *      terse.h), a compressed reduce-scatter (each rank decodes and
+     *      sums its own segment of everyone's message, re-encodes the sum,
+     *      and the sums are all-gathered); the latter only if
+     *      segment_align allows the tensor to be cut. See
+     *      docs/collectives.md for the rule.
      *
      * A codec that declares TERSE_CODEC_SUMMABLE without summable_view takes
      * path 3: terse cannot know where its values sit. */
@@ -158,7 +160,9 @@ typedef struct terse_codec_ops {
      * round_vector, which points *vec at `*count` floats (codec-owned
      * memory, or x itself) that terse then sums over the ranks in place,
      * bitwise identically on every rank; after the last sum,
-     * round_finish writes alpha times the aggregate into x. x is this
+     * round_finish writes alpha times the aggregate into x (alpha is 1 for
+     * a sum, 1/nranks for an average: dividing by ctx->nranks instead
+     * gives bitwise what the dense average gives). x is this
      * rank's input until round_finish overwrites it. With ef=1 the rounds
      * keep ctx->residual themselves (absorb the input, leave in it what
      * this rank wanted to send minus what it contributed). R and every
@@ -174,7 +178,9 @@ typedef struct terse_codec_ops {
     /* 3. Cutting, for the compressed reduce-scatter. terse may cut the
      * tensor into contiguous segments at multiples of segment_align(self)
      * elements and code each with a codec of the same name created for
-     * 1 x len elements, ef=0 (terse keeps the residuals). Return the
+     * 1 x len elements, ef=0 (terse keeps the residuals), from the
+     * options create wrote to canon -- so canon must recreate the same
+     * codec. Codecs with state (state_size > 0) are never cut. Return the
      * granularity at which a piece's message says what the whole message
      * says of those elements (a bucket), >= 1; 0: never cut.
      * segment_options (optional) writes the canonical options for a

@@ -13,7 +13,8 @@
  *     N + beta ||sum x_r|| / N, beta being the codec's per-message bound
  *     (each rank's own codec error, then the re-encode's on the sum);
  *   - exact byte counts: the N - 1 pieces it sent and the N - 1 owner
- *     messages it forwarded, the (N - 1) (8 N + 8) bytes of lengths.
+ *     messages it forwarded, the (N - 1) (8 N + 16) bytes of lengths and
+ *     codec digests.
  * Plugins written here check that a summable plugin with a view travels
  * the ring, one without a view is all-gathered, and a cuttable plugin
  * takes the reduce-scatter. */
@@ -52,6 +53,12 @@ static const struct rs_case {
     {"vq", 0.75},
 };
 #define NRS (sizeof rs_cases / sizeof rs_cases[0])
+
+/* Every rank ran its body to the end without a failing call. */
+static void expect_finished(const tr_out *o, int N, const char *what) {
+    for (int r = 0; r < N; r++)
+        cr_assert(o[r].finished && o[r].status == 0, "%s: rank %d failed: %s", what, r, o[r].err);
+}
 
 static void rank_input(int q, float *x) { tu_fill_gauss(x, N_ELEM, 900 + (uint64_t)q); }
 
@@ -117,7 +124,7 @@ static int replay(const char *spec, int N, int r, float *want, bytes_want *bw) {
         if (s != r) bw->recv += olen;
         terse_codec_free(child);
     }
-    bw->framing = (uint64_t)(N - 1) * (8u * (uint64_t)N + 8u);
+    bw->framing = (uint64_t)(N - 1) * (8u * (uint64_t)N + 16u);
     free(x);
     free(sum);
     free(msg);
@@ -195,6 +202,7 @@ static void run_rs(const char *provider, int N) {
     tr_job job = {provider, N, 20000, 120, -1, NULL};
     tr_out *o = tr_run(&job, rs_body, NULL);
     unsetenv("TERSE_COMPRESSED_ALGO");
+    expect_finished(o, N, "every codec");
     for (size_t ci = 0; ci < NRS; ci++) {
         if (getenv("TR_VERBOSE"))
             fprintf(stderr, "%-24s %s x%d: error/bound %.3g replay %d bytes %d\n",
@@ -428,6 +436,7 @@ Test(plugin_aggregation, each_plugin_takes_the_path_its_table_offers) {
     const int N = 4;
     tr_job job = {"shm", N, 20000, 60, -1, NULL};
     tr_out *o = tr_run(&job, plugin_body, NULL);
+    expect_finished(o, N, "plugins");
     const uint64_t H = TERSE_WIRE_HEADER_SIZE, small = 4 * PN_SMALL;
     for (int r = 0; r < N; r++) {
         for (size_t pi = 0; pi < NPLUG; pi++) {
@@ -454,7 +463,7 @@ Test(plugin_aggregation, each_plugin_takes_the_path_its_table_offers) {
         const uint64_t piece = H + 4 + 4 * (PN_LARGE / N);
         cr_expect_eq(o[r].u[11], 6 * piece, "tplain: rank %d sent %llu", r,
                      (unsigned long long)o[r].u[11]);
-        cr_expect_eq(o[r].u[19], 6 * piece + (N - 1) * (8 * N + 8));
+        cr_expect_eq(o[r].u[19], 6 * piece + (N - 1) * (8 * N + 16));
     }
     tr_release(o);
 }
@@ -509,6 +518,7 @@ Test(rs_allreduce, error_feedback_delivers_what_the_re_encode_dropped, .timeout 
     tr_job job = {"shm", 4, 20000, 120, -1, NULL};
     tr_out *o = tr_run(&job, ef_body, NULL);
     unsetenv("TERSE_COMPRESSED_ALGO");
+    expect_finished(o, 4, "error feedback");
     if (getenv("TR_VERBOSE"))
         fprintf(stderr, "rs ef: total relative error %.4f with ef, %.4f without\n", o[0].val[0],
                 o[0].val[1]);
@@ -544,12 +554,161 @@ Test(rs_allreduce, ranks_with_other_specs_never_get_ok, .timeout = 200) {
     tr_job job = {"shm", 4, 3000, 60, -1, NULL};
     tr_out *o = tr_run(&job, mismatch_body, NULL);
     unsetenv("TERSE_COMPRESSED_ALGO");
-    int corrupt = 0;
+    /* the codec digests travel with the lengths: every rank refuses at
+     * the same point, before any piece moves */
     for (int r = 0; r < 4; r++) {
-        cr_expect_neq(o[r].u[0], TERSE_OK, "rank %d returned TERSE_OK", r);
-        corrupt += o[r].u[0] == TERSE_ERR_CORRUPT;
         if (getenv("TR_VERBOSE")) fprintf(stderr, "rank %d: %s\n", r, o[r].err);
+        cr_expect_eq(o[r].u[0], TERSE_ERR_CORRUPT, "rank %d returned %s: %s", r,
+                     terse_status_name((terse_status)o[r].u[0]), o[r].err);
+        cr_expect(strstr(o[r].err, "differs from this rank's"), "rank %d: %s", r, o[r].err);
     }
-    cr_expect_gt(corrupt, 0, "no rank saw the corrupt pieces");
+    tr_release(o);
+}
+
+/* topk k=300 against k=301: pieces of the same lengths, other codecs. */
+static int k_mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c);
+    terse_codec *codec = NULL;
+    TR_CALL(o, terse_codec_create(r == 2 ? "topk:k=301" : "topk:k=300", ROWS, COLS, &codec));
+    float *y = malloc(N_ELEM * sizeof(float));
+    rank_input(r, y);
+    o->u[0] = (uint64_t)terse_allreduce(c, y, N_ELEM, codec, TERSE_OP_SUM);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    free(y);
+    terse_codec_free(codec);
+    return 0;
+}
+
+Test(rs_allreduce, a_rank_whose_k_differs_is_refused_everywhere, .timeout = 200) {
+    setenv("TERSE_COMPRESSED_ALGO", "rs", 1);
+    tr_job job = {"shm", 4, 3000, 60, -1, NULL};
+    tr_out *o = tr_run(&job, k_mismatch_body, NULL);
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    for (int r = 0; r < 4; r++)
+        cr_expect_eq(o[r].u[0], TERSE_ERR_CORRUPT, "rank %d returned %s: %s", r,
+                     terse_status_name((terse_status)o[r].u[0]), o[r].err);
+    tr_release(o);
+}
+
+/* ------------------------------------------------------------ the cut, by hand */
+
+/* int8 bucket=128 on 10553 elements: 83 buckets, 21 21 21 20 of them. */
+Test(segments, int8_cuts_on_bucket_boundaries) {
+    terse_codec *c = NULL;
+    cr_assert_eq(terse_codec_create("int8:bucket=128", ROWS, COLS, &c), TERSE_OK);
+    const terse__segments *g = NULL;
+    cr_assert_eq(terse__codec_segments(c, 4, 1, &g), TERSE_OK);
+    cr_assert_not_null(g);
+    const size_t off[4] = {0, 2688, 5376, 8064}, len[4] = {2688, 2688, 2688, 2489};
+    for (int s = 0; s < 4; s++) {
+        cr_expect_eq(g->off[s], off[s], "segment %d starts at %zu", s, g->off[s]);
+        cr_expect_eq(g->len[s], len[s], "segment %d has %zu", s, g->len[s]);
+        cr_expect_str_eq(terse_codec_spec(g->child[s]), "int8:bucket=128,ef=0");
+    }
+    cr_expect_null(g->hop, "no ef, no owner residual");
+    terse_codec_free(c);
+    /* fewer buckets than ranks: no cut (the all-gather) */
+    cr_assert_eq(terse_codec_create("int8:bucket=4096", 1, 8192, &c), TERSE_OK);
+    cr_expect_eq(terse__codec_segments(c, 4, 0, &g), TERSE_OK);
+    cr_expect_null(g);
+    terse_codec_free(c);
+}
+
+/* topk k=300 of 10553 on 4 ranks: 2639 2638 2638 2638 elements, k 75 each. */
+Test(segments, topk_scales_k_to_each_segment) {
+    terse_codec *c = NULL;
+    cr_assert_eq(terse_codec_create("topk:k=300,ef=1", ROWS, COLS, &c), TERSE_OK);
+    const terse__segments *g = NULL;
+    cr_assert_eq(terse__codec_segments(c, 4, 3, &g), TERSE_OK);
+    cr_assert_not_null(g);
+    cr_expect_eq(g->len[0], 2639);
+    cr_expect_eq(g->len[3], 2638);
+    for (int s = 0; s < 4; s++) cr_expect_str_eq(terse_codec_spec(g->child[s]), "topk:k=75,ef=0");
+    cr_expect_not_null(g->hop, "ef=1: the owner keeps a residual for segment 3");
+    terse_codec_free(c);
+}
+
+/* ------------------------------------------------------------ the table's checks */
+
+Test(registry, aggregation_entries_are_checked_at_registration) {
+    terse_codec_ops ops;
+    memset(&ops, 0, sizeof ops);
+    ops.size = sizeof ops;
+    ops.create = tp_create;
+    ops.destroy = tp_destroy;
+    ops.bound = tplain_bound;
+    ops.encode = tplain_encode;
+    ops.decode = tplain_decode;
+    ops.id = 0x9201;
+    ops.name = "tbad_rounds";
+    ops.rounds = tround_rounds;
+    cr_expect_eq(terse_codec_register(&ops), TERSE_ERR_INVALID, "rounds without round_vector");
+    ops.rounds = NULL;
+    ops.round_vector = tround_vector;
+    ops.round_finish = tround_finish;
+    cr_expect_eq(terse_codec_register(&ops), TERSE_ERR_INVALID, "round_* without rounds");
+    ops.round_vector = NULL;
+    ops.round_finish = NULL;
+    ops.summable_view = tsum_view;
+    cr_expect_eq(terse_codec_register(&ops), TERSE_ERR_INVALID, "a view without SUMMABLE");
+    ops.summable_view = NULL;
+    /* a table of 0.1.0's size: nothing past state_load is read, even if
+     * the memory after it holds garbage */
+    struct {
+        terse_codec_ops ops;
+        char pad[64];
+    } old;
+    memset(&old, 0xff, sizeof old);
+    memcpy(&old.ops, &ops, offsetof(terse_codec_ops, summable_view));
+    old.ops.size = offsetof(terse_codec_ops, summable_view);
+    old.ops.name = "told_table";
+    old.ops.id = 0x9202;
+    cr_expect_eq(terse_codec_register(&old.ops), TERSE_OK, "%s", terse_last_error());
+    /* a size in the middle of an entry: rounded down to whole entries */
+    old.ops.size = offsetof(terse_codec_ops, summable_view) + 3;
+    old.ops.name = "told_table2";
+    old.ops.id = 0x9203;
+    cr_expect_eq(terse_codec_register(&old.ops), TERSE_OK, "%s", terse_last_error());
+    terse_codec *c = NULL;
+    cr_assert_eq(terse_codec_create("told_table2", 1, 100, &c), TERSE_OK);
+    cr_expect_eq(terse__codec_agg_kind(c), TERSE__AGG_MESSAGES);
+    cr_expect_eq(terse__codec_can_cut(c, 4), 0, "no segment_align was read");
+    terse_codec_free(c);
+}
+
+/* ------------------------------------------------------------ none is dense */
+
+/* At 3 ranks (1/3 is not exact) none's average is bitwise the dense one,
+ * on both dense paths (recursive doubling and the ring). */
+static int none_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c);
+    const size_t sizes[2] = {3001, 300000};
+    float *a = malloc(300000 * sizeof(float)), *b = malloc(300000 * sizeof(float));
+    for (int k = 0; k < 2; k++) {
+        const size_t n = sizes[k];
+        tu_fill_gauss(a, n, 40 + (uint64_t)r);
+        memcpy(b, a, n * sizeof(float));
+        terse_codec *codec = NULL;
+        TR_CALL(o, terse_codec_create("none", 1, n, &codec));
+        TR_CALL(o, terse_allreduce(c, a, n, NULL, TERSE_OP_AVG));
+        TR_CALL(o, terse_allreduce(c, b, n, codec, TERSE_OP_AVG));
+        o->u[k] = memcmp(a, b, n * sizeof(float)) == 0;
+        terse_codec_free(codec);
+    }
+    free(a);
+    free(b);
+    return 0;
+}
+
+Test(rounds, none_average_is_bitwise_the_dense_average_at_three_ranks) {
+    tr_job job = {"shm", 3, 10000, 60, -1, NULL};
+    tr_out *o = tr_run(&job, none_body, NULL);
+    expect_finished(o, 3, "none");
+    for (int r = 0; r < 3; r++) {
+        cr_expect_eq(o[r].u[0], 1, "rank %d: recursive doubling sizes differ", r);
+        cr_expect_eq(o[r].u[1], 1, "rank %d: ring sizes differ", r);
+    }
     tr_release(o);
 }
