@@ -533,13 +533,17 @@ Test(rs_allreduce, error_feedback_delivers_what_the_re_encode_dropped, .timeout 
 
 /* ------------------------------------------------------------ refusals */
 
-/* Rank 1 cuts its buckets differently: no rank may return TERSE_OK. */
+/* One rank's codec differs from the others': no rank may return TERSE_OK. */
+typedef struct {
+    const char *spec, *odd_spec; /* everyone's, and rank odd_rank's */
+    int odd_rank;
+} mismatch_case;
+
 static int mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
-    (void)arg;
+    const mismatch_case *m = arg;
     const int r = terse_comm_rank(c);
     terse_codec *codec = NULL;
-    TR_CALL(o, terse_codec_create(r == 1 ? "int8:bucket=64" : "int8:bucket=128", ROWS, COLS,
-                                  &codec));
+    TR_CALL(o, terse_codec_create(r == m->odd_rank ? m->odd_spec : m->spec, ROWS, COLS, &codec));
     float *y = malloc(N_ELEM * sizeof(float));
     rank_input(r, y);
     o->u[0] = (uint64_t)terse_allreduce(c, y, N_ELEM, codec, TERSE_OP_SUM);
@@ -549,11 +553,18 @@ static int mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
-Test(rs_allreduce, ranks_with_other_specs_never_get_ok, .timeout = 200) {
+static tr_out *run_mismatch(const mismatch_case *m) {
     setenv("TERSE_COMPRESSED_ALGO", "rs", 1);
     tr_job job = {"shm", 4, 3000, 60, -1, NULL};
-    tr_out *o = tr_run(&job, mismatch_body, NULL);
+    tr_out *o = tr_run(&job, mismatch_body, m);
     unsetenv("TERSE_COMPRESSED_ALGO");
+    return o;
+}
+
+Test(rs_allreduce, ranks_with_other_specs_never_get_ok, .timeout = 200) {
+    /* rank 1 cuts its buckets differently */
+    static const mismatch_case m = {"int8:bucket=128", "int8:bucket=64", 1};
+    tr_out *o = run_mismatch(&m);
     /* the codec digests travel with the lengths: every rank refuses at
      * the same point, before any piece moves */
     for (int r = 0; r < 4; r++) {
@@ -566,25 +577,9 @@ Test(rs_allreduce, ranks_with_other_specs_never_get_ok, .timeout = 200) {
 }
 
 /* topk k=300 against k=301: pieces of the same lengths, other codecs. */
-static int k_mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
-    (void)arg;
-    const int r = terse_comm_rank(c);
-    terse_codec *codec = NULL;
-    TR_CALL(o, terse_codec_create(r == 2 ? "topk:k=301" : "topk:k=300", ROWS, COLS, &codec));
-    float *y = malloc(N_ELEM * sizeof(float));
-    rank_input(r, y);
-    o->u[0] = (uint64_t)terse_allreduce(c, y, N_ELEM, codec, TERSE_OP_SUM);
-    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
-    free(y);
-    terse_codec_free(codec);
-    return 0;
-}
-
 Test(rs_allreduce, a_rank_whose_k_differs_is_refused_everywhere, .timeout = 200) {
-    setenv("TERSE_COMPRESSED_ALGO", "rs", 1);
-    tr_job job = {"shm", 4, 3000, 60, -1, NULL};
-    tr_out *o = tr_run(&job, k_mismatch_body, NULL);
-    unsetenv("TERSE_COMPRESSED_ALGO");
+    static const mismatch_case m = {"topk:k=300", "topk:k=301", 2};
+    tr_out *o = run_mismatch(&m);
     for (int r = 0; r < 4; r++)
         cr_expect_eq(o[r].u[0], TERSE_ERR_CORRUPT, "rank %d returned %s: %s", r,
                      terse_status_name((terse_status)o[r].u[0]), o[r].err);
