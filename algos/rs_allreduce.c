@@ -33,7 +33,6 @@
  * (docs/collectives.md states the bounds the tests check). */
 #include <stdint.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "algos/comm.h"
 #include "common/error.h"
@@ -46,23 +45,6 @@ static terse_status decode_error(terse_comm *c, terse_status s, const char *what
     char why[400];
     snprintf(why, sizeof why, "%s", terse__comm_last_sentence());
     return TERSE_ERROR(s, "rank %d: decoding rank %d's %s: %s", c->rank, from, what, why);
-}
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
-/* What every rank's codec must agree on: its canonical spec, its element
- * count and its cut. */
-static uint64_t codec_digest(const terse_codec *codec, const terse__segments *g) {
-    const char *spec = terse_codec_spec(codec);
-    const size_t n = terse_codec_elements(codec);
-    uint64_t h = fnv(0xcbf29ce484222325ull, spec, strlen(spec));
-    h = fnv(h, &n, sizeof n);
-    h = fnv(h, g->off, g->nranks * sizeof(size_t));
-    return fnv(h, g->len, g->nranks * sizeof(size_t));
 }
 
 /* 3. Every rank's piece of our segment into piece[q] (ours is own[r]). */
@@ -119,7 +101,7 @@ terse_status terse__allreduce_rs(terse_comm *c, float *buf, size_t n, terse_code
     /* 2. everyone's piece lengths, L[q * row + s] = rank q's piece of s,
      * and codec digests, L[q * row + N] */
     for (int q = 0; q < N; q++) mine64[q] = mine[q];
-    mine64[N] = codec_digest(codec, g);
+    mine64[N] = terse__codec_cut_digest(codec);
     TERSE_CHECK(terse__allgather_fixed(c, mine64, row * sizeof(uint64_t), L));
     for (int q = 0; q < N; q++) {
         if (L[(size_t)q * row + N] != mine64[N])

@@ -93,17 +93,18 @@ terse_status terse__codec_summable_view(const terse_codec *c, const uint8_t *msg
     return TERSE_OK;
 }
 
-static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
 
 uint64_t terse__message_frame_digest(const uint8_t *msg, size_t len, size_t values_off,
                                      size_t count) {
     /* The header is left out: its checksum covers the values. */
-    uint64_t h = fnv1a(0xcbf29ce484222325ull, (const uint8_t *)&len, sizeof len);
-    h = fnv1a(h, (const uint8_t *)&values_off, sizeof values_off);
-    h = fnv1a(h, (const uint8_t *)&count, sizeof count);
+    uint64_t h = fnv1a(0xcbf29ce484222325ull, &len, sizeof len);
+    h = fnv1a(h, &values_off, sizeof values_off);
+    h = fnv1a(h, &count, sizeof count);
     const size_t vend = values_off + 4 * count;
     h = fnv1a(h, msg + TERSE_WIRE_HEADER_SIZE, values_off - TERSE_WIRE_HEADER_SIZE);
     return fnv1a(h, msg + vend, len - vend);
@@ -220,6 +221,14 @@ fail:
     return s;
 }
 
+uint64_t terse__codec_cut_digest(const terse_codec *c) {
+    const terse__segments *g = c->segs;
+    uint64_t h = fnv1a(0xcbf29ce484222325ull, c->spec, strlen(c->spec));
+    h = fnv1a(h, &c->n, sizeof c->n);
+    h = fnv1a(h, g->off, g->nranks * sizeof(size_t));
+    return fnv1a(h, g->len, g->nranks * sizeof(size_t));
+}
+
 static void child_stream(terse_codec *child, const terse_codec *c, uint32_t s, uint32_t rank) {
     child->step = c->step;
     child->tensor = terse__mix64(c->tensor ^ terse__mix64((uint64_t)s + 1));
@@ -230,11 +239,7 @@ terse_status terse__codec_encode_segments(terse_codec *c, const float *x, uint8_
                                           size_t slot, size_t *len) {
     const terse__segments *g = c->segs;
     const float *src = x;
-    if (c->residual && x < c->residual + c->n && c->residual < x + c->n)
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "codec '%s': the gradient overlaps the codec's own residual "
-                           "(terse_codec_residual is read only)",
-                           c->ops.name);
+    TERSE_CHECK(terse__codec_check_input(c, x));
     if (c->ef) {
         for (size_t i = 0; i < c->n; i++) c->residual[i] += x[i];
         src = c->residual;

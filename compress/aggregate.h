@@ -73,6 +73,9 @@ terse_status terse__codec_segments(terse_codec *c, uint32_t nranks, uint32_t ran
  * failure the residual is left part-way: restore the snapshot. */
 terse_status terse__codec_encode_segments(terse_codec *c, const float *x, uint8_t *msgs,
                                           size_t slot, size_t *len);
+/* A digest of what every rank's codec must agree on for the cut to
+ * match: its canonical spec, element count and segments (prepared). */
+uint64_t terse__codec_cut_digest(const terse_codec *c);
 /* The owner's re-encode of its segment's sum (len[rank] floats; with ef=1
  * through the hop residual) into msg (cap >= max_bound). */
 terse_status terse__codec_requantize(terse_codec *c, const float *sum, uint8_t *msg, size_t cap,

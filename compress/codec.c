@@ -129,6 +129,15 @@ terse_status terse_codec_get_traits(const terse_codec *c, terse_codec_traits *t)
     return TERSE_OK;
 }
 
+terse_status terse__codec_check_input(const terse_codec *c, const float *grad) {
+    if (c->residual && grad < c->residual + c->n && c->residual < grad + c->n)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "codec '%s': the gradient overlaps the codec's own residual "
+                           "(terse_codec_residual is read only)",
+                           c->ops.name);
+    return TERSE_OK;
+}
+
 terse_status terse_encode(terse_codec *c, const float *grad, void *dst, size_t cap, size_t *len) {
     if (!c || !grad || !dst || !len) return TERSE_ERROR(TERSE_ERR_INVALID, "NULL argument");
     *len = 0;
@@ -139,11 +148,7 @@ terse_status terse_encode(terse_codec *c, const float *grad, void *dst, size_t c
                            c->ops.name, bound, cap);
     uint8_t *msg = dst;
     const float *x = grad;
-    if (c->residual && grad < c->residual + c->n && c->residual < grad + c->n)
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "codec '%s': the gradient overlaps the codec's own residual "
-                           "(terse_codec_residual is read only)",
-                           c->ops.name);
+    TERSE_CHECK(terse__codec_check_input(c, grad));
     if (c->ef) {
         float *e = c->residual;
         for (size_t i = 0; i < c->n; i++) e[i] += grad[i];

@@ -21,6 +21,10 @@ struct terse_codec {
     struct terse__segments *segs; /* the reduce-scatter's cut (aggregate.c), or NULL */
 };
 
+/* TERSE_ERR_INVALID if grad overlaps the codec's residual (an input of
+ * terse_encode and of the segment encoder). */
+terse_status terse__codec_check_input(const terse_codec *c, const float *grad);
+
 /* Free what aggregate.c attached to a codec (its segments). */
 void terse__codec_free_segments(terse_codec *c);
 

@@ -87,15 +87,6 @@ static terse_status none_round_finish(void *self, const terse_round_ctx *ctx, fl
     return TERSE_OK;
 }
 
-static terse_status none_summable_view(const void *self, const uint8_t *payload, size_t len,
-                                       terse_summable_view *view) {
-    (void)payload;
-    (void)len;
-    view->values_off = 0;
-    view->count = ((const none_codec *)self)->n;
-    return TERSE_OK;
-}
-
 const terse_codec_ops terse__codec_none = {
     .size = sizeof(terse_codec_ops),
     .id = TERSE_ID_NONE,
@@ -107,7 +98,6 @@ const terse_codec_ops terse__codec_none = {
     .bits_per_element = none_bits,
     .encode = none_encode,
     .decode = none_decode,
-    .summable_view = none_summable_view,
     .rounds = none_rounds,
     .round_vector = none_round_vector,
     .round_finish = none_round_finish,
