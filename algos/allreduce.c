@@ -11,7 +11,11 @@
  *     messages          the messages themselves travel (fp16, bf16, int8,
  *                       qsgd, terngrad, sign, topk, vq, plugins):
  *                       - all-gather of every rank's message, decoded in
- *                         rank order (gather_allreduce.c), or
+ *                         rank order: pipelined piece by piece, every rank
+ *                         sending to every other (pipe_allreduce.c), where
+ *                         the requests fit (up to 8 ranks for fixed-size
+ *                         codecs, 6 for others), else the ring
+ *                         (gather_allreduce.c); or
  *                       - reduce-scatter of segment pieces, re-encode, and
  *                         all-gather of the reduced segments
  *                         (rs_allreduce.c), when the codec can be cut and
@@ -80,26 +84,38 @@ static int want_rs(const terse_comm *c, const terse_codec *codec) {
     return (double)N * (double)M > 8.0 * (double)n;
 }
 
-typedef enum { RUN_ROUNDS, RUN_SUMMABLE, RUN_GATHER, RUN_RS } run_kind;
+typedef enum { RUN_ROUNDS, RUN_SUMMABLE, RUN_GATHER, RUN_PIPE, RUN_RS } run_kind;
+
+static int pipe_fits(const terse_comm *c, const terse_codec *codec) {
+    return terse__pipe_fits(c->nranks, terse__codec_fixed_size(codec));
+}
 
 /* Which path, and for the reduce-scatter the codec's cut, prepared before
  * the snapshot (the cut's residual is part of it). A codec that cannot be
- * cut (no segment_align, or fewer buckets than ranks) takes the gather. */
-static terse_status choose(terse_comm *c, terse_codec *codec, run_kind *kind) {
+ * cut (no segment_align, or fewer buckets than ranks) takes the gather;
+ * the gather's pieces are prepared here too (NULL: one whole message). */
+static terse_status choose(terse_comm *c, terse_codec *codec, run_kind *kind,
+                           const terse__pieces **pieces) {
+    *pieces = NULL;
     switch (terse__codec_agg_kind(codec)) {
     case TERSE__AGG_ROUNDS: *kind = RUN_ROUNDS; return TERSE_OK;
     case TERSE__AGG_SUMMABLE: *kind = RUN_SUMMABLE; return TERSE_OK;
     default: break;
     }
     *kind = RUN_GATHER;
-    if (!want_rs(c, codec)) return TERSE_OK;
-    const terse__segments *g = NULL;
     uint64_t t0 = terse__now_ns();
-    terse_status s = terse__codec_segments(codec, (uint32_t)c->nranks, (uint32_t)c->rank, &g);
+    terse_status s = TERSE_OK;
+    if (want_rs(c, codec)) {
+        const terse__segments *g = NULL;
+        s = terse__codec_segments(codec, (uint32_t)c->nranks, (uint32_t)c->rank, &g);
+        if (s == TERSE_OK && g) *kind = RUN_RS;
+    }
+    if (s == TERSE_OK && *kind == RUN_GATHER && pipe_fits(c, codec)) {
+        *kind = RUN_PIPE;
+        s = terse__codec_pieces(codec, c->params.pipeline_bytes / sizeof(float), pieces);
+    }
     terse__comm_codec_time(c, t0);
-    TERSE_CHECK(s);
-    if (g) *kind = RUN_RS;
-    return TERSE_OK;
+    return s;
 }
 
 /* The codec's state before the call, so that a failed collective can put
@@ -115,8 +131,9 @@ static terse_status snapshot(terse_comm *c, terse_codec *codec) {
 }
 
 static terse_status run_codec(terse_comm *c, float *buf, size_t n, terse_codec *codec,
-                              terse_op op, run_kind kind) {
+                              terse_op op, run_kind kind, const terse__pieces *pieces) {
     switch (kind) {
+    case RUN_PIPE: return terse__allreduce_pipe(c, buf, n, codec, op, pieces);
     case RUN_ROUNDS: return terse__allreduce_rounds(c, buf, n, codec, op);
     case RUN_SUMMABLE: return terse__allreduce_summable(c, buf, n, codec, op);
     case RUN_RS: return terse__allreduce_rs(c, buf, n, codec, op);
@@ -136,16 +153,21 @@ const char *terse_allreduce_algorithm(const terse_comm *c, const terse_codec *co
     default: break;
     }
     if (c->nranks == 1) return "gather";
-    return want_rs(c, codec) && terse__codec_can_cut(codec, (uint32_t)c->nranks) ? "rs" : "gather";
+    if (want_rs(c, codec) && terse__codec_can_cut(codec, (uint32_t)c->nranks)) return "rs";
+    if (pipe_fits(c, codec) &&
+        terse__codec_piece_count(codec, c->params.pipeline_bytes / sizeof(float)) > 1)
+        return "gather-pipe";
+    return "gather";
 }
 
 terse_status terse__allreduce_run(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                   terse_op op) {
     if (!codec) return terse__allreduce_dense(c, buf, n, op == TERSE_OP_AVG);
     run_kind kind;
-    TERSE_CHECK(choose(c, codec, &kind));
+    const terse__pieces *pieces;
+    TERSE_CHECK(choose(c, codec, &kind, &pieces));
     TERSE_CHECK(snapshot(c, codec));
-    terse_status s = run_codec(c, buf, n, codec, op, kind);
+    terse_status s = run_codec(c, buf, n, codec, op, kind, pieces);
     if (s != TERSE_OK) {
         /* Keep the sentence of the failure, not of the restore. */
         char why[512];

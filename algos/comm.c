@@ -517,12 +517,9 @@ static terse_status forged_cause(terse_comm *c, terse_status s) {
                        c->rank, who, why, terse_status_name(s));
 }
 
-terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) {
-    if (n == 0) return TERSE_OK;
-    uint64_t t0 = terse__now_ns();
-    terse__fabric_wait_opts o = {UINT64_MAX, (uint64_t)c->timeout_ms * 1000000ull, &c->aborted,
-                                 c->store ? comm_alive : NULL, c, 0, 0};
-    terse_status s = terse__fabric_wait_ex(c->fabric, reqs, n, &o);
+/* After a wait or a progress round: the store's view of a failure, the
+ * transport's counts, an authentication failure as the cause, the time. */
+static terse_status wait_done(terse_comm *c, terse_status s, uint64_t t0) {
     if ((s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT) && c->store && !c->store_said &&
         !terse__fabric_is_abandoned(c->fabric))
         s = explain(c, s);
@@ -539,6 +536,23 @@ terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) 
         s = forged_cause(c, s);
     add_seconds(c, &c->stats.network_seconds, t0);
     return s;
+}
+
+terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n) {
+    if (n == 0) return TERSE_OK;
+    uint64_t t0 = terse__now_ns();
+    terse__fabric_wait_opts o = {UINT64_MAX, (uint64_t)c->timeout_ms * 1000000ull, &c->aborted,
+                                 c->store ? comm_alive : NULL, c, 0, 0};
+    return wait_done(c, terse__fabric_wait_ex(c->fabric, reqs, n, &o), t0);
+}
+
+terse_status terse__comm_progress(terse_comm *c) {
+    uint64_t t0 = terse__now_ns();
+    terse__fabric_wait_opts o = {UINT64_MAX, 0, &c->aborted, NULL, NULL, 0, 0};
+    terse_status s = terse__fabric_wait_ex(c->fabric, NULL, 0, &o); /* one round */
+    if (s == TERSE_OK) s = terse__comm_check_alive(c);
+    if (s == TERSE_OK) s = terse__comm_poll_abort(c, "between two pieces of a collective");
+    return wait_done(c, s, t0);
 }
 
 void *terse__comm_scratch(terse_comm *c, int slot, size_t bytes) {

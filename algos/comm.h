@@ -90,7 +90,11 @@ typedef struct terse__params {
     int progress_caller;     /* TERSE_PROGRESS=caller (rank-local: not agreed) */
     size_t wire;             /* TERSE_WIRE: 0 auto, 1 none, 2 mac, 3 encrypt (agreed) */
     size_t compressed_algo;  /* TERSE_COMPRESSED_ALGO: 0 auto, 1 gather, 2 rs (agreed) */
+    size_t pipeline_bytes;   /* TERSE_PIPELINE_BYTES: fp32 bytes a piece of the pipelined
+                                all-gather holds (0: never cut), default 1 MiB (agreed) */
 } terse__params;
+
+#define TERSE__PIPELINE_BYTES_DEFAULT ((size_t)1 << 20)
 
 /* Read them (a malformed value fails with TERSE_ERR_INVALID). */
 terse_status terse__params_read(int rank, terse__params *p);
@@ -191,6 +195,11 @@ terse_status terse__comm_irecv(terse_comm *c, int peer, uint64_t tag, void *buf,
  * (an inactivity timeout). The time spent counts as network time. */
 terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n);
 
+/* One progress round without waiting (the transport moves what it can;
+ * for work between waits, e.g. a codec's next piece), with the same
+ * liveness, abort and failure handling as terse__comm_wait. */
+terse_status terse__comm_progress(terse_comm *c);
+
 /* Scratch buffer `slot` of at least `bytes` (64-byte aligned), or NULL
  * after recording TERSE_ERR_NOMEM. Contents are not preserved across
  * growth. */
@@ -259,6 +268,13 @@ terse_status terse__allreduce_gather(terse_comm *c, float *buf, size_t n, terse_
                                      terse_op op);
 terse_status terse__allreduce_rs(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                  terse_op op);
+/* The pipelined all-gather (pipe_allreduce.c): p is the codec's cut into
+ * pieces, or NULL for one whole message. terse__pipe_fits says whether N
+ * ranks' requests fit the communicator for such a codec. */
+int terse__pipe_fits(int N, int fixed);
+struct terse__pieces;
+terse_status terse__allreduce_pipe(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                   terse_op op, const struct terse__pieces *p);
 terse_status terse__allreduce_summable(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                        terse_op op);
 terse_status terse__allreduce_rounds(terse_comm *c, float *buf, size_t n, terse_codec *codec,

@@ -14,11 +14,11 @@
 #include "common/env.h"
 #include "common/error.h"
 
-#define NPARAMS 5
+#define NPARAMS 6
 
 static const char *const names[NPARAMS] = {"TERSE_RD_MAX_BYTES", "TERSE_RING_CHUNK_BYTES",
                                            "TERSE_CHUNK_BYTES", "TERSE_WIRE",
-                                           "TERSE_COMPRESSED_ALGO"};
+                                           "TERSE_COMPRESSED_ALGO", "TERSE_PIPELINE_BYTES"};
 
 static void as_array(const terse__params *p, uint64_t v[NPARAMS]) {
     v[0] = p->rd_max_bytes;
@@ -26,6 +26,7 @@ static void as_array(const terse__params *p, uint64_t v[NPARAMS]) {
     v[2] = p->chunk_bytes;
     v[3] = p->wire;
     v[4] = p->compressed_algo;
+    v[5] = p->pipeline_bytes;
 }
 
 terse_status terse__params_read(int rank, terse__params *p) {
@@ -50,6 +51,9 @@ terse_status terse__params_read(int rank, terse__params *p) {
     int algo = 0;
     if (s == TERSE_OK) s = terse__env_choice("TERSE_COMPRESSED_ALGO", algos, 0, &algo);
     p->compressed_algo = (size_t)algo;
+    if (s == TERSE_OK)
+        s = terse__env_bytes(names[5], TERSE__PIPELINE_BYTES_DEFAULT, 0, (size_t)1 << 40,
+                             &p->pipeline_bytes);
     if (s != TERSE_OK) {
         char why[400];
         snprintf(why, sizeof why, "%s", terse__comm_last_sentence());

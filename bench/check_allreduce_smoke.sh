@@ -34,7 +34,7 @@ check() { # provider extra-args...
         { status = $col["status"]; algo = $col["algo"] }
         status == "ok" && $9 > 0 && $12 > 0 && $14 > 0 &&
             (mpi == "" || ($19 > 0 && $22 > 0)) &&
-            (($1 == "\"dense\"" && algo ~ /^dense-(rd|ring)$/) || ($1 != "\"dense\"" && algo == "gather")) { n++ }
+            (($1 == "\"dense\"" && algo ~ /^dense-(rd|ring)$/) || ($1 != "\"dense\"" && algo ~ /^gather(-pipe)?$/)) { n++ }
         END { print n + 0 }' "$out")
     if [[ $got != "$want" ]]; then
         echo "FAIL: $provider: expected $want ok rows, got $got"

@@ -126,9 +126,21 @@ static void free_segments(terse__segments *g) {
     free(g);
 }
 
+static void free_pieces(terse__pieces *p) {
+    if (!p) return;
+    if (p->child)
+        for (size_t s = 0; s < p->count; s++)
+            if (s == 0 || p->child[s] != p->child[s - 1]) terse_codec_free(p->child[s]);
+    free(p->child);
+    free(p->off);
+    free(p);
+}
+
 void terse__codec_free_segments(terse_codec *c) {
     free_segments(c->segs);
     c->segs = NULL;
+    free_pieces(c->pieces);
+    c->pieces = NULL;
 }
 
 /* The child codec for `len` elements. */
@@ -229,9 +241,9 @@ uint64_t terse__codec_cut_digest(const terse_codec *c) {
     return fnv1a(h, g->len, g->nranks * sizeof(size_t));
 }
 
-static void child_stream(terse_codec *child, const terse_codec *c, uint32_t s, uint32_t rank) {
+static void child_stream(terse_codec *child, const terse_codec *c, uint64_t s, uint32_t rank) {
     child->step = c->step;
-    child->tensor = terse__mix64(c->tensor ^ terse__mix64((uint64_t)s + 1));
+    child->tensor = terse__mix64(c->tensor ^ terse__mix64(s + 1));
     child->rank = rank;
 }
 
@@ -281,3 +293,102 @@ terse_status terse__codec_decode_segment(terse_codec *c, uint32_t s, const uint8
 }
 
 void terse__codec_segments_done(terse_codec *c) { c->step++; }
+
+/* ---- pieces ---- */
+
+int terse__codec_fixed_size(const terse_codec *c) {
+    return (c->ops.flags & TERSE_CODEC_FIXED_SIZE) != 0;
+}
+
+/* Blocks of segment_align a piece holds, and how many pieces: 0 if the
+ * codec is not cut into pieces. */
+static size_t piece_blocks(const terse_codec *c, size_t piece_elems, size_t *count) {
+    *count = 0;
+    if (c->ops.segment_options || piece_elems == 0 || !terse__codec_can_cut(c, 2)) return 0;
+    const size_t align = c->ops.segment_align(c->self);
+    const size_t blocks = c->n / align + (c->n % align != 0);
+    const size_t per = piece_elems / align > 0 ? piece_elems / align : 1;
+    *count = blocks / per + (blocks % per != 0);
+    if (*count < 2) *count = 0;
+    return per;
+}
+
+size_t terse__codec_piece_count(const terse_codec *c, size_t piece_elems) {
+    size_t count;
+    piece_blocks(c, piece_elems, &count);
+    return count > 1 ? count : 1;
+}
+
+terse_status terse__codec_pieces(terse_codec *c, size_t piece_elems, const terse__pieces **out) {
+    *out = NULL;
+    if (c->pieces && c->pieces->elems == piece_elems) {
+        *out = c->pieces;
+        return TERSE_OK;
+    }
+    size_t count;
+    const size_t per = piece_blocks(c, piece_elems, &count);
+    if (count < 2) return TERSE_OK;
+    const size_t align = c->ops.segment_align(c->self);
+
+    terse_status s = TERSE_OK;
+    terse__pieces *p = calloc(1, sizeof *p);
+    if (!p) return TERSE_ERROR(TERSE_ERR_NOMEM, "allocating a codec's pieces");
+    p->count = count;
+    p->elems = piece_elems;
+    p->off = calloc(2 * count, sizeof(size_t));
+    p->child = calloc(count, sizeof *p->child);
+    if (!p->off || !p->child) TERSE_FAIL_GOTO(s, fail, TERSE_ERR_NOMEM, "allocating %zu pieces",
+                                             count);
+    p->len = p->off + count;
+    for (size_t i = 0; i < count; i++) {
+        p->off[i] = i * per * align;
+        p->len[i] = p->off[i] + per * align < c->n ? per * align : c->n - p->off[i];
+        if (i > 0 && p->len[i] == p->len[i - 1]) {
+            p->child[i] = p->child[i - 1];
+            continue;
+        }
+        TERSE_CHECK_GOTO(make_child(c, p->len[i], &p->child[i]), s, fail);
+        size_t bound = terse_codec_bound(p->child[i]);
+        if (bound > p->max_bound) p->max_bound = bound;
+    }
+    free_pieces(c->pieces);
+    c->pieces = p;
+    *out = p;
+    return TERSE_OK;
+fail:
+    free_pieces(p);
+    return s;
+}
+
+uint64_t terse__codec_pieces_digest(const terse_codec *c, const terse__pieces *p) {
+    uint64_t h = fnv1a(0xcbf29ce484222325ull, c->spec, strlen(c->spec));
+    h = fnv1a(h, &c->n, sizeof c->n);
+    size_t count = p ? p->count : 1;
+    h = fnv1a(h, &count, sizeof count);
+    if (p) h = fnv1a(h, p->len, count * sizeof(size_t)); /* offsets follow from lengths */
+    return h;
+}
+
+terse_status terse__codec_encode_piece(terse_codec *c, size_t s, const float *x, uint8_t *msg,
+                                       size_t cap, size_t *len) {
+    const terse__pieces *p = c->pieces;
+    const size_t off = p->off[s], n = p->len[s];
+    TERSE_CHECK(terse__codec_check_input(c, x));
+    const float *src = x + off;
+    if (c->ef) {
+        float *e = c->residual + off;
+        for (size_t i = 0; i < n; i++) e[i] += src[i];
+        src = e;
+    }
+    terse_codec *child = p->child[s];
+    child_stream(child, c, s, c->rank);
+    TERSE_CHECK(terse_encode(child, src, msg, cap, len));
+    if (c->ef) TERSE_CHECK(terse_decode(child, msg, *len, c->residual + off, -1.0f, 1));
+    return TERSE_OK;
+}
+
+terse_status terse__codec_decode_piece(terse_codec *c, size_t s, const uint8_t *msg, size_t len,
+                                       float *x, float alpha, int accumulate) {
+    const terse__pieces *p = c->pieces;
+    return terse_decode(p->child[s], msg, len, x + p->off[s], alpha, accumulate);
+}

@@ -86,6 +86,47 @@ terse_status terse__codec_decode_segment(terse_codec *c, uint32_t s, const uint8
 /* The collective is done: the codec's step advances. */
 void terse__codec_segments_done(terse_codec *c);
 
+/* ---- pieces (the pipelined all-gather) ---- */
+
+/* The cut of a codec's tensor into pieces of about piece_elems elements,
+ * at multiples of segment_align, each coded by a child codec as a
+ * segment is (above), so that piece s of every rank can travel and be
+ * decoded while piece s + 1 is encoded. Pieces have no owner and no
+ * residual of their own: error feedback stays the parent's. */
+typedef struct terse__pieces {
+    size_t count;        /* >= 2 */
+    size_t elems;        /* the piece_elems it was cut for */
+    size_t *off, *len;   /* count each, in elements */
+    terse_codec **child; /* count pointers; pieces of equal length share one */
+    size_t max_bound;    /* the largest child's terse_codec_bound */
+} terse__pieces;
+
+/* Prepare (or reuse) the cut into pieces of piece_elems: *out = NULL (and
+ * TERSE_OK) when the codec is not cut -- no segment_align, a
+ * segment_options (a piece's message would then not say what the whole
+ * message says: topk's k would be chosen per piece), state, or fewer than
+ * two pieces. No state of its own: prepare it at any time. */
+terse_status terse__codec_pieces(terse_codec *c, size_t piece_elems, const terse__pieces **out);
+/* How many pieces terse__codec_pieces would cut: 1 when it would not cut. */
+size_t terse__codec_piece_count(const terse_codec *c, size_t piece_elems);
+/* Encode piece s of x (the whole tensor) into msg; with ef=1 through the
+ * parent's residual for those elements, terse_encode's rule. Call for
+ * s = 0, 1, ... in order within one collective; then
+ * terse__codec_segments_done. On failure restore the snapshot. */
+terse_status terse__codec_encode_piece(terse_codec *c, size_t s, const float *x, uint8_t *msg,
+                                       size_t cap, size_t *len);
+/* Decode a message of piece s into its elements of x (the whole tensor). */
+terse_status terse__codec_decode_piece(terse_codec *c, size_t s, const uint8_t *msg, size_t len,
+                                       float *x, float alpha, int accumulate);
+/* A digest of what every rank's codec must agree on for its pieces to be
+ * decoded by the others: canonical spec, element count and the cut
+ * (p as prepared, or NULL: one whole message). */
+uint64_t terse__codec_pieces_digest(const terse_codec *c, const terse__pieces *p);
+
+/* Nonzero if every message of the codec is exactly terse_codec_bound
+ * bytes (TERSE_CODEC_FIXED_SIZE): receivers then know the size. */
+int terse__codec_fixed_size(const terse_codec *c);
+
 /* ---- transactional state ---- */
 
 /* A codec's mutable state (step, residual, the codec's own state such as

@@ -19,13 +19,14 @@ struct terse_codec {
     char spec[320]; /* canonical */
     char options[256]; /* the codec's own canonical options (create's canon) */
     struct terse__segments *segs; /* the reduce-scatter's cut (aggregate.c), or NULL */
+    struct terse__pieces *pieces; /* the pipelined all-gather's cut (aggregate.c), or NULL */
 };
 
 /* TERSE_ERR_INVALID if grad overlaps the codec's residual (an input of
  * terse_encode and of the segment encoder). */
 terse_status terse__codec_check_input(const terse_codec *c, const float *grad);
 
-/* Free what aggregate.c attached to a codec (its segments). */
+/* Free what aggregate.c attached to a codec (its segments and pieces). */
 void terse__codec_free_segments(terse_codec *c);
 
 /* Look a codec up by name; copies its table into *ops. */

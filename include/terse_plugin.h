@@ -43,6 +43,12 @@ extern "C" {
 /* Codec flags. */
 #define TERSE_CODEC_SUMMABLE 0x1u   /* payloads of equal shape add linearly */
 #define TERSE_CODEC_RANDOMIZED 0x2u /* draws random numbers; accepts seed= */
+/* Every payload is exactly bound() bytes, whatever the input: receivers
+ * then post that size and the collectives exchange no lengths (terse
+ * checks each message it sends and fails with TERSE_ERR_INTERNAL naming
+ * the codec if one is shorter). Added after 0.1.0; a clear bit is always
+ * safe. */
+#define TERSE_CODEC_FIXED_SIZE 0x4u
 
 /* The parsed spec, as handed to create. Opaque. */
 typedef struct terse_spec terse_spec;
