@@ -13,8 +13,10 @@
  *                       - all-gather of every rank's message, decoded in
  *                         rank order: pipelined piece by piece, every rank
  *                         sending to every other (pipe_allreduce.c), where
- *                         the requests fit (up to 8 ranks for fixed-size
- *                         codecs, 6 for others), else the ring
+ *                         the codec is cut into two pieces or more
+ *                         (TERSE_PIPELINE_BYTES) and the requests fit (up to
+ *                         8 ranks for fixed-size codecs, 6 for others),
+ *                         else the ring all-gather of whole messages
  *                         (gather_allreduce.c); or
  *                       - reduce-scatter of segment pieces, re-encode, and
  *                         all-gather of the reduced segments
@@ -111,8 +113,8 @@ static terse_status choose(terse_comm *c, terse_codec *codec, run_kind *kind,
         if (s == TERSE_OK && g) *kind = RUN_RS;
     }
     if (s == TERSE_OK && *kind == RUN_GATHER && pipe_fits(c, codec)) {
-        *kind = RUN_PIPE;
         s = terse__codec_pieces(codec, c->params.pipeline_bytes / sizeof(float), pieces);
+        if (s == TERSE_OK && *pieces) *kind = RUN_PIPE; /* one piece: nothing to overlap */
     }
     terse__comm_codec_time(c, t0);
     return s;

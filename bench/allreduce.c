@@ -27,7 +27,8 @@ static void usage(FILE *f) {
 "usage: terse-bench allreduce [-c SPEC]... [-b BYTES] [-e BYTES] [-f N]\n"
 "                             [-n N] [--provider P] [-r N] [-w N] [-t SEC]\n"
 "                             [--shape RxC] [--op sum|avg] [--vs-mpi]\n"
-"                             [--mpi-arg ARG]... [--overlap MS] [--csv] [-q]\n"
+"                             [--mpi-arg ARG]... [--overlap MS] [--parts]\n"
+"                             [--csv] [-q]\n"
 "\n"
 "Time terse_allreduce on fp32 buffers of a sweep of sizes, as nccl-tests'\n"
 "all_reduce_perf does: dense, or compressed by a codec. Started by hand, it\n"
@@ -71,6 +72,15 @@ static void usage(FILE *f) {
 "                       alone, terse_allreduce_start + terse_request_wait\n"
 "                       alone, and start, the loop, wait (see overlap below);\n"
 "                       MS is 1..600000\n"
+"      --parts          also time, for compressed rows on the all-gather paths\n"
+"                       (gather, gather-pipe), the allreduce's two parts\n"
+"                       apart, in the same run: its codec work alone (each\n"
+"                       rank at once: one terse_encode of its buffer and N\n"
+"                       terse_decode of that message, on a second codec of\n"
+"                       the same spec) and its bytes alone (terse_allgather\n"
+"                       of each rank's message, no codec); /max = time /\n"
+"                       max(codec, wire) says how well the pipeline overlaps\n"
+"                       them (1 = perfectly; the codec+wire sum = none)\n"
 "      --worker         be one rank even without the variables above (under\n"
 "                       torchrun or srun, say)\n"
 "      --csv            CSV with a header row instead of the table\n"
@@ -132,6 +142,11 @@ static void usage(FILE *f) {
 "  ovl(ms) [overlapped_ms]  start, the loop, wait\n"
 "  /max [overlap_vs_max]  ovl / max(comp, ar): 1 is perfect overlap\n"
 "  /sum [overlap_vs_sum]  ovl / (comp + ar): 1 is no overlap at all\n"
+"  with --parts:\n"
+"  codec(ms) [codec_alone_ms]  one encode + N decodes, no wire\n"
+"  wire(ms) [wire_alone_ms]    the messages' all-gather, no codec\n"
+"  /max [parts_vs_max]   time / max(codec, wire)\n"
+"  /sum [parts_vs_sum]   time / (codec + wire)\n"
 "\n"
 "environment: TERSE_RUN, TERSE_BENCH_MPI and MPIRUN name the programs to use\n"
 "(default: beside this binary, then PATH). TERSE_TIMEOUT_MS reaches the\n"
@@ -316,6 +331,8 @@ int ar_parse_args(int argc, char **argv, ar_options *o) {
             o->quiet = 1;
         } else if (strcmp(a, "--vs-mpi") == 0) {
             o->vs_mpi = 1;
+        } else if (strcmp(a, "--parts") == 0) {
+            o->parts = 1;
         } else if (strcmp(a, "--worker") == 0) {
             o->worker = 1;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {

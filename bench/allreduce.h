@@ -38,6 +38,7 @@ typedef struct {
     const char *mpi_args[AR_MAX_MPI_ARGS]; /* --mpi-arg, appended to mpirun's */
     size_t n_mpi_args;
     int overlap_ms;      /* --overlap MS, or 0 */
+    int parts;           /* --parts: time the codec alone and the wire alone */
     int worker;          /* --worker: started by the launcher through terse-run */
     const char *results; /* --results FILE: where rank 0 writes records */
 } ar_options;
@@ -63,6 +64,11 @@ typedef struct {
      * and start + the loop + wait; the loop's sgemm call count. */
     long compute_calls;
     double compute_s, alone_s, overlap_s;
+    /* --parts (0 without it, or for an algorithm it does not model): the
+     * medians of the slowest rank's seconds for this rank's codec work
+     * alone (one encode, N decodes) and for its messages' bytes alone
+     * (terse_allgather of them, no codec). */
+    double codec_alone_s, wire_alone_s;
     char error[512];
 } ar_row;
 

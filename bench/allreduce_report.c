@@ -42,6 +42,17 @@ static double overlap_vs_sum(const ar_row *r) {
     return m > 0 ? r->overlap_s / m : 0.0;
 }
 
+/* --parts: the allreduce against its codec work and its bytes apart. */
+static double parts_vs_max(const ar_row *r) {
+    double m = r->codec_alone_s > r->wire_alone_s ? r->codec_alone_s : r->wire_alone_s;
+    return m > 0 ? r->time_s / m : 0.0;
+}
+
+static double parts_vs_sum(const ar_row *r) {
+    double m = r->codec_alone_s + r->wire_alone_s;
+    return m > 0 ? r->time_s / m : 0.0;
+}
+
 double ar_algbw(const ar_row *r) {
     if (is_dense(r)) return ar_effective_algbw(r);
     double f = bus_factor(r->nranks);
@@ -60,17 +71,17 @@ void ar_record_write(FILE *f, const ar_row *r) {
      * first 16 still works. */
     fprintf(f,
             "%s\t%s\t%s\t%d\t%zu\t%zu\t%zu\t%d\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%d\t%s"
-            "\t%ld\t%.17g\t%.17g\t%.17g\t%s\n",
+            "\t%ld\t%.17g\t%.17g\t%.17g\t%s\t%.17g\t%.17g\n",
             r->is_mpi ? "mpi" : "terse", spec, provider, r->nranks, r->rows, r->cols, r->bytes,
             r->iters, r->time_s, r->mean_s, r->wire_sent, r->payload_sent, r->codec_s, r->net_s,
             r->ok, error, r->compute_calls, r->compute_s, r->alone_s, r->overlap_s,
-            r->algo[0] ? r->algo : "-");
+            r->algo[0] ? r->algo : "-", r->codec_alone_s, r->wire_alone_s);
 }
 
 static int parse_record(char *line, ar_row *r) {
-    char *f[21];
-    int nf = bench_split_tabs(line, f, 21);
-    if (nf != 16 && nf != 20 && nf != 21) return -1;
+    char *f[23];
+    int nf = bench_split_tabs(line, f, 23);
+    if (nf != 16 && nf != 20 && nf != 21 && nf != 23) return -1;
     memset(r, 0, sizeof *r);
     if (strcmp(f[0], "mpi") == 0)
         r->is_mpi = 1;
@@ -92,7 +103,11 @@ static int parse_record(char *line, ar_row *r) {
     r->net_s = strtod(f[13], &end);
     r->ok = f[14][0] == '1';
     bench_field_copy(r->error, sizeof r->error, f[15]);
-    if (nf == 21) bench_field_copy(r->algo, sizeof r->algo, f[20]);
+    if (nf >= 21) bench_field_copy(r->algo, sizeof r->algo, f[20]);
+    if (nf == 23) {
+        r->codec_alone_s = strtod(f[21], &end);
+        r->wire_alone_s = strtod(f[22], &end);
+    }
     if (nf >= 20) {
         r->compute_calls = strtol(f[16], &end, 10);
         r->compute_s = strtod(f[17], &end);
@@ -120,10 +135,12 @@ int ar_record_read_all(const char *path, ar_row *rows, int cap) {
 void ar_report_begin(const ar_options *o, const char *provider, int nranks, int have_mpi) {
     if (o->csv) {
         printf("spec,provider,nranks,bytes,count,rows,cols,iters,time_us,algbw_gbps,busbw_gbps,"
-               "wire_bytes,payload_bytes,eff_algbw_gbps,mean_us,codec_us,net_us%s%s,status,error,algo\n",
+               "wire_bytes,payload_bytes,eff_algbw_gbps,mean_us,codec_us,net_us%s%s%s,status,error,"
+               "algo\n",
                have_mpi ? ",mpi_iters,mpi_time_us,mpi_algbw_gbps,mpi_busbw_gbps,vs_mpi" : "",
                o->overlap_ms > 0 ? ",sgemm_calls,compute_ms,allreduce_ms,overlapped_ms,"
-                                   "overlap_vs_max,overlap_vs_sum" : "");
+                                   "overlap_vs_max,overlap_vs_sum" : "",
+               o->parts ? ",codec_alone_ms,wire_alone_ms,parts_vs_max,parts_vs_sum" : "");
         return;
     }
     printf("# terse-bench allreduce: %d rank%s, provider %s, op %s, fp32\n", nranks,
@@ -142,6 +159,11 @@ void ar_report_begin(const ar_options *o, const char *provider, int nranks, int 
                "#   overlap), /sum = ovl / (comp + ar) (1 = none)\n",
                o->overlap_ms, progress && progress[0] ? progress : "thread (default)");
     }
+    if (o->parts)
+        printf("# parts (--parts): codec = one encode + N decodes alone, wire = the messages'\n"
+               "#   all-gather alone (ms, medians of the slowest rank, same run); /max = time /\n"
+               "#   max(codec, wire) (1 = the pipeline hides the shorter fully), /sum = time /\n"
+               "#   (codec + wire)\n");
 }
 
 void ar_report_spec(const ar_options *o, const char *spec) {
@@ -153,6 +175,7 @@ void ar_report_spec(const ar_options *o, const char *spec) {
     if (o->vs_mpi) printf("  | %11s %7s %6s", "mpi(us)", "mpibus", "xMPI");
     if (o->overlap_ms > 0)
         printf("  | %9s %9s %9s %5s %5s", "comp(ms)", "ar(ms)", "ovl(ms)", "/max", "/sum");
+    if (o->parts) printf("  | %9s %9s %5s %5s", "codec(ms)", "wire(ms)", "/max", "/sum");
     printf("\n");
 }
 
@@ -186,6 +209,13 @@ static void report_csv(const ar_options *o, const ar_row *r, const ar_row *mpi) 
                    1e3 * r->alone_s, 1e3 * r->overlap_s, overlap_vs_max(r), overlap_vs_sum(r));
         else
             printf(",,,,,,");
+    }
+    if (o->parts) {
+        if (r->ok && r->codec_alone_s > 0)
+            printf(",%.3f,%.3f,%.4f,%.4f", 1e3 * r->codec_alone_s, 1e3 * r->wire_alone_s,
+                   parts_vs_max(r), parts_vs_sum(r));
+        else
+            printf(",,,,");
     }
     printf(",%s,", r->ok ? "ok" : "failed");
     csv_string(r->ok ? "" : r->error);
@@ -222,6 +252,13 @@ void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi) {
                    1e3 * r->overlap_s, overlap_vs_max(r), overlap_vs_sum(r));
         else
             printf("  | %9s %9s %9s %5s %5s", "-", "-", "-", "-", "-");
+    }
+    if (o->parts) {
+        if (r->codec_alone_s > 0)
+            printf("  | %9.1f %9.1f %5.2f %5.2f", 1e3 * r->codec_alone_s, 1e3 * r->wire_alone_s,
+                   parts_vs_max(r), parts_vs_sum(r));
+        else
+            printf("  | %9s %9s %5s %5s", "-", "-", "-", "-");
     }
     printf("\n");
 }

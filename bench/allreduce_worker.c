@@ -2,6 +2,7 @@
  * (codec spec, size) time terse_allreduce and let rank 0 report a row.
  * Public API only (include/terse.h). */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,9 +17,18 @@
  * still wins. */
 #define MIN_ITERS 3
 
-/* The timings a rank gathers per row: the blocking allreduce, and with
- * --overlap the three of overlap_loop. */
-enum { SERIES_BLOCKING, SERIES_COMPUTE, SERIES_ALONE, SERIES_OVERLAP, N_SERIES };
+/* The timings a rank gathers per row: the blocking allreduce, with
+ * --overlap the three of overlap_loop, with --parts the two of parts_loop
+ * (series a flag did not ask for stay zero). */
+enum {
+    SERIES_BLOCKING,
+    SERIES_COMPUTE,
+    SERIES_ALONE,
+    SERIES_OVERLAP,
+    SERIES_CODEC,
+    SERIES_WIRE,
+    N_SERIES
+};
 
 typedef struct {
     const ar_options *o;
@@ -30,7 +40,8 @@ typedef struct {
 } worker;
 
 static size_t n_series(const worker *w) {
-    return w->o->overlap_ms > 0 ? N_SERIES : 1;
+    if (w->o->parts) return N_SERIES;
+    return w->o->overlap_ms > 0 ? SERIES_OVERLAP + 1 : 1;
 }
 
 /* Every rank says whether it is ready for the next row (codec created,
@@ -133,6 +144,48 @@ static terse_status overlap_loop(worker *w, float *buf, const float *x0, size_t 
     return TERSE_OK;
 }
 
+/* --parts, for the all-gather paths: per iteration, after a barrier each,
+ *   codec  this rank's codec work without the wire, on a second codec of
+ *          the same spec (the measured one's error feedback stays as the
+ *          allreduces left it): terse_encode of its buffer, then N
+ *          terse_decode of that message into a scratch buffer, the first
+ *          overwriting -- what the all-gather paths compute;
+ *   wire   the same bytes without the codec: terse_allgather of that
+ *          message (each rank sends it to N - 1 others, as the paths do).
+ * t[SERIES_CODEC], t[SERIES_WIRE] get the seconds. */
+static terse_status parts_loop(worker *w, const char *spec, size_t rows, size_t cols,
+                               const float *x0, size_t n, int iters, double *const *t) {
+    const float alpha = w->o->op_avg ? 1.0f / (float)w->nranks : 1.0f;
+    terse_codec *k = NULL;
+    terse_status s = terse_codec_create(spec, rows, cols, &k);
+    if (s == TERSE_OK) s = terse_codec_set_stream(k, 0, (uint32_t)w->rank);
+    const size_t bound = terse_codec_bound(k);
+    uint8_t *msg = malloc(bound > 0 ? bound : 1);
+    uint8_t *all = malloc(bound * (size_t)w->nranks + 1);
+    float *out = bench_alloc(n * sizeof(float));
+    if (s == TERSE_OK && (!msg || !all || !out))
+        s = TERSE_ERR_NOMEM;
+    size_t len = 0;
+    for (int i = -1; s == TERSE_OK && i < iters; i++) { /* i = -1: untimed warm-up */
+        s = terse_barrier(w->comm);
+        double t0 = bench_now();
+        if (s == TERSE_OK) s = terse_encode(k, x0, msg, bound, &len);
+        for (int q = 0; s == TERSE_OK && q < w->nranks; q++)
+            s = terse_decode(k, msg, len, out, alpha, q > 0);
+        if (i >= 0) t[SERIES_CODEC][i] = bench_now() - t0;
+        if (s == TERSE_OK) s = terse_barrier(w->comm);
+        t0 = bench_now();
+        if (s == TERSE_OK)
+            s = terse_allgather(w->comm, msg, len, all, bound * (size_t)w->nranks, NULL);
+        if (i >= 0) t[SERIES_WIRE][i] = bench_now() - t0;
+    }
+    terse_codec_free(k);
+    free(msg);
+    free(all);
+    free(out);
+    return s;
+}
+
 /* Gather every rank's [stats(4), series 0 (iters), series 1 ...] and fold
  * them into r on every rank: per iteration the max over ranks, the median
  * of that (and for the blocking series its mean), and each stat's max. */
@@ -165,7 +218,9 @@ static terse_status fold_ranks(worker *w, const double *mine, int iters, ar_row 
         r->compute_s = med[SERIES_COMPUTE];
         r->alone_s = med[SERIES_ALONE];
         r->overlap_s = med[SERIES_OVERLAP];
-        r->compute_calls = ns > 1 ? w->compute.calls : 0;
+        r->codec_alone_s = med[SERIES_CODEC];
+        r->wire_alone_s = med[SERIES_WIRE];
+        r->compute_calls = w->o->overlap_ms > 0 ? w->compute.calls : 0;
         r->wire_sent = st[0];
         r->payload_sent = st[1];
         r->codec_s = st[2];
@@ -196,7 +251,7 @@ static int measure(worker *w, const char *spec, size_t bytes, ar_row *r) {
 
     buf = bench_alloc(bytes);
     x0 = bench_alloc(bytes);
-    mine = malloc((4 + n_series(w) * (size_t)o->iters) * sizeof(double));
+    mine = calloc(4 + n_series(w) * (size_t)o->iters, sizeof(double));
     if (!buf || !x0 || !mine) {
         snprintf(r->error, sizeof r->error, "rank %d: out of memory for %zu bytes", w->rank,
                  bytes);
@@ -255,6 +310,15 @@ static int measure(worker *w, const char *spec, size_t bytes, ar_row *r) {
         for (size_t q = 0; q < N_SERIES; q++) t[q] = mine + 4 + q * (size_t)iters;
         if (overlap_loop(w, buf, x0, n, codec, iters, t) != TERSE_OK) {
             row_error(w, r, "overlapped allreduce");
+            rc = -1;
+            goto done;
+        }
+    }
+    if (o->parts && codec && strncmp(r->algo, "gather", 6) == 0) {
+        double *t[N_SERIES];
+        for (size_t q = 0; q < N_SERIES; q++) t[q] = mine + 4 + q * (size_t)iters;
+        if (parts_loop(w, spec, r->rows, r->cols, x0, n, iters, t) != TERSE_OK) {
+            row_error(w, r, "timing the codec and the wire apart");
             rc = -1;
             goto done;
         }

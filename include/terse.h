@@ -510,8 +510,8 @@ typedef struct terse_comm terse_comm;
  * is read once per communicator, strictly: a malformed value (a typo, an
  * unknown suffix, out of range) fails terse_comm_init with
  * TERSE_ERR_INVALID naming it. TERSE_RD_MAX_BYTES, TERSE_RING_CHUNK_BYTES,
- * TERSE_CHUNK_BYTES, TERSE_WIRE and TERSE_COMPRESSED_ALGO change how
- * messages are cut, framed or routed:
+ * TERSE_CHUNK_BYTES, TERSE_WIRE, TERSE_COMPRESSED_ALGO and
+ * TERSE_PIPELINE_BYTES change how messages are cut, framed or routed:
  * init compares them across ranks and fails on every rank, naming the
  * variable and both values, when any two differ. Byte counts take k, m, g
  * suffixes (powers of 1024).
@@ -534,6 +534,16 @@ typedef struct terse_comm terse_comm;
  *                           through 16 staging buffers of one chunk each;
  *                           not with providers that need registered
  *                           buffers). Compared at init.
+ *   TERSE_PIPELINE_BYTES    the all-gather of compressed messages cuts the
+ *                           tensor into pieces of this many fp32 bytes
+ *                           (default 1m; rounded to the codec's buckets;
+ *                           0: never) and encodes piece s + 1 while piece
+ *                           s travels and s - 1 is decoded. Deterministic
+ *                           codecs (fp16, bf16, int8, sign, vq) give the
+ *                           same bits cut or not; randomized ones draw
+ *                           other (equally distributed) numbers per piece;
+ *                           topk is never cut (its k is chosen over the
+ *                           whole tensor). Compared at init.
  *   TERSE_COMPRESSED_ALGO   auto (default) | gather | rs: how terse_allreduce
  *                           moves the messages of a codec that is neither
  *                           summable nor multi-round (fp16 ... vq): an
@@ -598,7 +608,10 @@ typedef enum terse_op {
  *     messages with the dense algorithms, then decode once;
  *   - the others (fp16, bf16, int8, qsgd, terngrad, sign, topk, vq) move
  *     messages: by default every rank's message is all-gathered and
- *     decoded in rank order ((N-1) x message bytes per rank); from 4
+ *     decoded in rank order ((N-1) x message bytes per rank), pipelined
+ *     (TERSE_PIPELINE_BYTES: piece by piece, each rank sending each piece
+ *     to every other as soon as it is encoded, and decoding each piece as
+ *     its messages arrive, so codec and wire overlap) up to 8 ranks; from 4
  *     ranks, when that would move more bytes than dense fp32 (N x message
  *     bytes > 8 n: fp16 from 4 ranks, int8 from 8) and a message's 1/N
  *     share is >= 16 KiB, or with TERSE_COMPRESSED_ALGO=rs, a compressed
@@ -621,7 +634,8 @@ TERSE_API terse_status terse_allreduce(terse_comm *comm, float *buf, size_t n,
 /*
  * The algorithm terse_allreduce runs for n floats with this codec (NULL:
  * dense) on this communicator, for logs and benchmarks: "dense-rd"
- * (recursive doubling), "dense-ring", "rounds", "summable", "gather", "rs"
+ * (recursive doubling), "dense-ring", "rounds", "summable", "gather",
+ * "gather-pipe" (the all-gather, pipelined in pieces), "rs"
  * (the compressed reduce-scatter), "local" (one rank, dense), or "invalid"
  * for a NULL communicator. Thread-safe; no communication.
  */

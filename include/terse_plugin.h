@@ -181,7 +181,10 @@ typedef struct terse_codec_ops {
     terse_status (*round_finish)(void *self, const terse_round_ctx *ctx,
                                  float *x, float alpha);
 
-    /* 3. Cutting, for the compressed reduce-scatter. terse may cut the
+    /* 3. Cutting, for the compressed reduce-scatter (one segment per rank)
+     * and the pipelined all-gather (pieces of TERSE_PIPELINE_BYTES; only
+     * codecs without segment_options, whose pieces then say what the whole
+     * message says). terse may cut the
      * tensor into contiguous segments at multiples of segment_align(self)
      * elements and code each with a codec of the same name created for
      * 1 x len elements, ef=0 (terse keeps the residuals), from the

@@ -12,8 +12,8 @@
  *     the same job with TERSE_PIPELINE_BYTES=0 (one whole message): the
  *     cut changes no bit;
  *   - exact byte counts: N - 1 copies of each of its messages, and 8 (N -
- *     1) bytes of digests, plus 8 (N - 1) per piece of lengths where
- *     sizes vary (topk);
+ *     1) bytes of digests (whole messages, on the ring: 8 (N - 1) of
+ *     lengths);
  *   - terse_allreduce_algorithm names "gather-pipe" (topk, not cut:
  *     "gather").
  * Then: ranks with other specs never get TERSE_OK, a plugin that claims
@@ -132,11 +132,12 @@ static int replay(const char *spec, int N, int r, size_t piece_elems, float *wan
             }
         }
     }
-    /* every rank sends each peer its messages directly, or (where the
-     * requests do not fit: 8 ranks without fixed sizes) the ring forwards
-     * every block but its successor's, after the sizes' all-gather */
+    /* pipelined, every rank sends each peer its messages directly; whole
+     * messages (one piece, or where the requests do not fit: 8 ranks
+     * without fixed sizes) take the ring, which forwards every block but
+     * its successor's, after the sizes' all-gather */
     memset(bw, 0, sizeof *bw);
-    const int direct = terse__pipe_fits(N, fixed);
+    const int direct = P > 1 && terse__pipe_fits(N, fixed);
     for (int q = 0; ok && q < N; q++) {
         if (q != r) bw->recv += total[q];
         if (direct && q == r) bw->sent += (uint64_t)(N - 1) * total[q];
@@ -355,6 +356,10 @@ static terse_status tl_encode(void *self, const terse_encode_ctx *ctx, const flo
     *len = 4 * c->n - (x[0] < 0 ? 4 : 0);
     return TERSE_OK;
 }
+static size_t tl_align(const void *self) {
+    (void)self;
+    return 1;
+}
 static terse_status tl_decode(void *self, const uint8_t *p, size_t len, float *dst, float alpha,
                               int acc) {
     const tl_codec *c = self;
@@ -379,26 +384,32 @@ static int liar_body(terse_comm *c, tr_out *o, const void *arg) {
     ops.bound = tl_bound;
     ops.encode = tl_encode;
     ops.decode = tl_decode;
+    ops.segment_align = tl_align;
     TR_CALL(o, terse_codec_register(&ops));
     const int r = terse_comm_rank(c);
     terse_codec *codec = NULL;
-    TR_CALL(o, terse_codec_create("tliar", 1, 1000, &codec));
-    float y[1000];
-    for (int i = 0; i < 1000; i++) y[i] = (float)(i + 1);
+    /* 3000 elements: three pieces of 1024 (or fewer) */
+    TR_CALL(o, terse_codec_create("tliar", 1, 3000, &codec));
+    float y[3000];
+    for (int i = 0; i < 3000; i++) y[i] = (float)(i + 1);
+    o->hash[0] = !strcmp(terse_allreduce_algorithm(c, codec, 3000), "gather-pipe");
     /* first a call whose messages are as declared: exact sums */
-    TR_CALL(o, terse_allreduce(c, y, 1000, codec, TERSE_OP_SUM));
-    o->u[1] = y[999] == 2000.0f;
-    for (int i = 0; i < 1000; i++) y[i] = r == 1 ? -1.0f : 1.0f;
-    o->u[0] = (uint64_t)terse_allreduce(c, y, 1000, codec, TERSE_OP_SUM);
+    TR_CALL(o, terse_allreduce(c, y, 3000, codec, TERSE_OP_SUM));
+    o->u[1] = y[2999] == 6000.0f;
+    for (int i = 0; i < 3000; i++) y[i] = r == 1 ? -1.0f : 1.0f;
+    o->u[0] = (uint64_t)terse_allreduce(c, y, 3000, codec, TERSE_OP_SUM);
     snprintf(o->err, sizeof o->err, "%s", terse_last_error());
     terse_codec_free(codec);
     return 0;
 }
 
 Test(pipe_allreduce, a_plugin_whose_fixed_size_message_is_short_is_refused, .timeout = 60) {
+    setenv("TERSE_PIPELINE_BYTES", "4096", 1);
     tr_job job = {"tcp", 2, 3000, 60, -1, NULL};
     tr_out *o = tr_run(&job, liar_body, NULL);
+    unsetenv("TERSE_PIPELINE_BYTES");
     expect_finished(o, 2, "liar");
+    cr_expect_eq(o[0].hash[0], 1, "tliar does not take the pipelined path");
     cr_expect_eq(o[0].u[1], 1, "the honest call's sum is wrong");
     /* rank 1 wrote the short message: INTERNAL naming the codec; rank 0
      * never gets TERSE_OK (its peer's call failed: lost or timed out) */

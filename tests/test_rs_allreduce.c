@@ -450,11 +450,10 @@ Test(plugin_aggregation, each_plugin_takes_the_path_its_table_offers) {
         cr_expect_eq(o[r].u[8], 2 * small, "tsum: rank %d sent %llu", r,
                      (unsigned long long)o[r].u[8]);
         cr_expect_eq(o[r].u[16], 2 * small + 8 * (N - 1));
-        /* tsumnov: its whole message to each of the N - 1 others, each
-         * after 16 bytes of length and codec digest (not fixed-size) */
+        /* tsumnov: N - 1 whole messages, plus their sizes */
         cr_expect_eq(o[r].u[9], (N - 1) * (H + 8 + small), "tsumnov: rank %d sent %llu", r,
                      (unsigned long long)o[r].u[9]);
-        cr_expect_eq(o[r].u[17], (N - 1) * (H + 8 + small + 16));
+        cr_expect_eq(o[r].u[17], (N - 1) * (H + 8 + small + 8));
         /* tround: two rounds of half the vector, each 2 exchanges */
         cr_expect_eq(o[r].u[10], 2 * 2 * (small / 2), "tround: rank %d sent %llu", r,
                      (unsigned long long)o[r].u[10]);

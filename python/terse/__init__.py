@@ -596,7 +596,8 @@ class Comm(_Closing):
     def allreduce_algorithm(self, n, codec=None):
         """The algorithm allreduce runs for n floats with this codec (None:
         dense): "dense-rd", "dense-ring", "rounds", "summable", "gather",
-        "rs" (compressed reduce-scatter) or "local" (one rank)."""
+        "gather-pipe" (the all-gather in pieces), "rs" (compressed
+        reduce-scatter) or "local" (one rank)."""
         ch = self._codec(codec, int(n))
         return _lib.terse_allreduce_algorithm(self._handle(), ch, int(n)).decode()
 
