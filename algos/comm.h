@@ -91,10 +91,16 @@ typedef struct terse__params {
     size_t wire;             /* TERSE_WIRE: 0 auto, 1 none, 2 mac, 3 encrypt (agreed) */
     size_t compressed_algo;  /* TERSE_COMPRESSED_ALGO: 0 auto, 1 gather, 2 rs (agreed) */
     size_t pipeline_bytes;   /* TERSE_PIPELINE_BYTES: fp32 bytes a piece of the pipelined
-                                all-gather holds (0: never cut), default 1 MiB (agreed) */
+                                all-gather holds (0: never cut), default 256 KiB (agreed) */
 } terse__params;
 
-#define TERSE__PIPELINE_BYTES_DEFAULT ((size_t)1 << 20)
+/* 256 KiB: the transport moves a piece only between encodes (one progress
+ * round per piece), and a piece message above rxm's eager size needs a
+ * rendezvous round trip, so a piece must encode quickly: at 1 MiB, vq
+ * (about 13 ns an element here) left a 64 MiB all-gather 24% waiting; at
+ * 256 KiB no codec waits, and fp16 ... sign were as fast as at 1 MiB
+ * (docs/collectives.md, "The pipelined all-gather"). */
+#define TERSE__PIPELINE_BYTES_DEFAULT ((size_t)256 << 10)
 
 /* Read them (a malformed value fails with TERSE_ERR_INVALID). */
 terse_status terse__params_read(int rank, terse__params *p);

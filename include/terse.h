@@ -536,7 +536,7 @@ typedef struct terse_comm terse_comm;
  *                           buffers). Compared at init.
  *   TERSE_PIPELINE_BYTES    the all-gather of compressed messages cuts the
  *                           tensor into pieces of this many fp32 bytes
- *                           (default 1m; rounded to the codec's buckets;
+ *                           (default 256k; rounded to the codec's buckets;
  *                           0: never) and encodes piece s + 1 while piece
  *                           s travels and s - 1 is decoded. Deterministic
  *                           codecs (fp16, bf16, int8, sign, vq) give the
