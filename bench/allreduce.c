@@ -28,7 +28,8 @@ static void usage(FILE *f) {
 "                             [-n N] [--provider P] [-r N] [-w N] [-t SEC]\n"
 "                             [--shape RxC] [--op sum|avg] [--vs-mpi]\n"
 "                             [--mpi-arg ARG]... [--overlap MS] [--parts]\n"
-"                             [--csv] [-q]\n"
+"                             [--model [--alpha US] [--link-gbps G]\n"
+"                             [--shared-link]] [--csv] [-q]\n"
 "\n"
 "Time terse_allreduce on fp32 buffers of a sweep of sizes, as nccl-tests'\n"
 "all_reduce_perf does: dense, or compressed by a codec. Started by hand, it\n"
@@ -81,6 +82,19 @@ static void usage(FILE *f) {
 "                       of each rank's message, no codec); /max = time /\n"
 "                       max(codec, wire) says how well the pipeline overlaps\n"
 "                       them (1 = perfectly; the codec+wire sum = none)\n"
+"      --model          after the table, predict each algorithm's time and bytes\n"
+"                       per rank for 8 to 1024 ranks from an alpha-beta link\n"
+"                       model and the codec speeds measured here in the same\n"
+"                       run (encode, decode, fp32 add on the same data), and\n"
+"                       check it against the rows just measured at -n ranks:\n"
+"                       measured and predicted time and bytes side by side.\n"
+"                       Bytes are exact for fixed-size codecs ('~': scaled\n"
+"                       from the message encoded here). The formulas are in\n"
+"                       bench/allreduce_model.c and docs/collectives.md\n"
+"      --alpha US       the model's per-message latency (default 10)\n"
+"      --link-gbps G    the model's link bandwidth per rank, Gbit/s (default 25)\n"
+"      --shared-link    the link is shared by all N ranks (B / N each), as on\n"
+"                       bench/slow-net.sh's one shaped loopback\n"
 "      --worker         be one rank even without the variables above (under\n"
 "                       torchrun or srun, say)\n"
 "      --csv            CSV with a header row instead of the table\n"
@@ -190,7 +204,7 @@ static const struct {
     {'c', "--codec"},  {'b', "--minbytes"}, {'e', "--maxbytes"}, {'f', "--stepfactor"},
     {'n', "--nranks"}, {'r', "--iters"},    {'w', "--warmup"},   {'t', "--budget"},
     {'P', "--provider"}, {'S', "--shape"},  {'O', "--op"},       {'M', "--mpi-arg"},
-    {'R', "--results"}, {'V', "--overlap"},
+    {'R', "--results"}, {'V', "--overlap"}, {'A', "--alpha"}, {'L', "--link-gbps"},
 };
 #define N_VALUED (sizeof valued / sizeof valued[0])
 
@@ -285,6 +299,17 @@ static int apply_valued(ar_options *o, char opt, const char *a, const char *val,
         if (bench_parse_int(val, 1, 600000, &o->overlap_ms) != 0)
             return usage_error("bad --overlap '%s' (want milliseconds, 1..600000)", val);
         return 0;
+    case 'A':
+    case 'L': {
+        char *end;
+        double v = strtod(val, &end);
+        if (end == val || *end || !(v > 0) || v > 1e9)
+            return opt == 'A' ? usage_error("bad --alpha '%s' (want microseconds > 0)", val)
+                              : usage_error("bad --link-gbps '%s' (want Gbit/s > 0)", val);
+        if (opt == 'A') o->model_alpha_us = v;
+        else o->model_link_gbps = v;
+        return 0;
+    }
     default:
         return usage_error("unknown option '%s'", a);
     }
@@ -313,6 +338,8 @@ int ar_parse_args(int argc, char **argv, ar_options *o) {
     o->iters = DEFAULT_ITERS;
     o->warmup = DEFAULT_WARMUP;
     o->budget = DEFAULT_BUDGET;
+    o->model_alpha_us = 10;
+    o->model_link_gbps = 25;
     size_t b = DEFAULT_MIN_BYTES, e = DEFAULT_MAX_BYTES;
     int f = DEFAULT_FACTOR, have_sweep = 0;
     for (int i = 1; i < argc; i++) {
@@ -331,6 +358,10 @@ int ar_parse_args(int argc, char **argv, ar_options *o) {
             o->quiet = 1;
         } else if (strcmp(a, "--vs-mpi") == 0) {
             o->vs_mpi = 1;
+        } else if (strcmp(a, "--model") == 0) {
+            o->model = 1;
+        } else if (strcmp(a, "--shared-link") == 0) {
+            o->model_shared = 1;
         } else if (strcmp(a, "--parts") == 0) {
             o->parts = 1;
         } else if (strcmp(a, "--worker") == 0) {

@@ -39,6 +39,9 @@ typedef struct {
     size_t n_mpi_args;
     int overlap_ms;      /* --overlap MS, or 0 */
     int parts;           /* --parts: time the codec alone and the wire alone */
+    int model;           /* --model: the alpha-beta prediction (allreduce_model.c) */
+    double model_alpha_us, model_link_gbps; /* --alpha, --link-gbps */
+    int model_shared;    /* --shared-link: the link is shared by all N ranks */
     int worker;          /* --worker: started by the launcher through terse-run */
     const char *results; /* --results FILE: where rank 0 writes records */
 } ar_options;
@@ -114,6 +117,12 @@ int ar_compute_init(ar_compute *k, int ms);
 /* Exactly k->calls sgemm calls: the same work every time. */
 void ar_compute_run(const ar_compute *k);
 void ar_compute_free(ar_compute *k);
+
+/* ---- --model (allreduce_model.c) */
+
+/* Measure each codec here and print the prediction, checked against the
+ * rows measured (n of them). */
+void ar_model_report(const ar_options *o, const ar_row *rows, int n);
 
 /* ---- records and output (allreduce_report.c) */
 

@@ -149,6 +149,7 @@ int ar_launch(int argc, char **argv, const ar_options *o) {
     }
     for (int i = 0; i < n_mpi; i++)
         if (!mpi[i].ok) mpi_failed = 1;
+    if (o->model) ar_model_report(o, rows, n);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "terse-bench allreduce: cannot write the results\n");
         return BENCH_EXIT_RUNTIME;

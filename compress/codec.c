@@ -126,6 +126,11 @@ terse_status terse_codec_get_traits(const terse_codec *c, terse_codec_traits *t)
     t->bits_per_element = c->ops.bits_per_element
                               ? c->ops.bits_per_element(c->self)
                               : 8.0 * (double)c->payload_bound / (double)c->n;
+    if (t->size >= offsetof(terse_codec_traits, segment_options) + sizeof(int)) {
+        t->fixed_size = terse__codec_fixed_size(c);
+        t->segment_align = terse__codec_can_cut(c, 2) ? c->ops.segment_align(c->self) : 0;
+        t->segment_options = c->ops.segment_options != NULL;
+    }
     return TERSE_OK;
 }
 

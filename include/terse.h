@@ -347,9 +347,17 @@ typedef struct terse_codec_traits {
     int randomized;        /* may draw random numbers (qsgd and terngrad
                               with round=nearest draw none, and still say 1) */
     double bits_per_element; /* nominal, header excluded, at this shape */
+    /* Added after 0.1.0 (filled only if size covers them): */
+    int fixed_size;        /* every message is exactly terse_codec_bound bytes */
+    size_t segment_align;  /* the collectives may cut the tensor into pieces of
+                              whole blocks of this many elements (its bucket);
+                              0: never cut (docs/collectives.md has the cuts) */
+    int segment_options;   /* a segment's codec takes other options than the
+                              tensor's (topk scales k): the pipelined
+                              all-gather does not cut it */
 } terse_codec_traits;
 
-#define TERSE_CODEC_TRAITS_INIT {sizeof(terse_codec_traits), 0, NULL, 0, 0, 0, 0.0}
+#define TERSE_CODEC_TRAITS_INIT {sizeof(terse_codec_traits), 0, NULL, 0, 0, 0, 0.0, 0, 0, 0}
 
 /* Fill *traits (whose size field the caller set). */
 TERSE_API terse_status terse_codec_get_traits(const terse_codec *codec,

@@ -44,6 +44,8 @@ static int abi(void)
     OFF(terse_codec_traits, size); OFF(terse_codec_traits, id); OFF(terse_codec_traits, name);
     OFF(terse_codec_traits, summable); OFF(terse_codec_traits, error_feedback);
     OFF(terse_codec_traits, randomized); OFF(terse_codec_traits, bits_per_element);
+    OFF(terse_codec_traits, fixed_size); OFF(terse_codec_traits, segment_align);
+    OFF(terse_codec_traits, segment_options);
     SZ(terse_wire_info);
     OFF(terse_wire_info, codec_id); OFF(terse_wire_info, count);
     OFF(terse_wire_info, payload_len);

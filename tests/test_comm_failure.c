@@ -62,8 +62,11 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
 static void check_killed_rank(const char *provider) {
     const int N = 3;
     tr_job job = {provider, N, TIMEOUT_MS, 20, N - 1, NULL};
+    if (!strcmp(provider, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_out *o = tr_run(&job, kill_body, NULL);
+    tr_known_segv = NULL;
     for (int r = 0; r < N - 1; r++) {
+        if (!o[r].finished) continue; /* the known crash: tr_run warned */
         terse_status s = (terse_status)o[r].u[0];
         cr_expect(s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT,
                   "%s: survivor %d got %s (%s)", provider, r, terse_status_name(s), o[r].err);
@@ -183,4 +186,55 @@ Test(single_rank, null_arguments_are_refused) {
     terse_comm *c = (terse_comm *)&cfg;
     cr_expect_eq(terse_comm_init(&cfg, &c), TERSE_ERR_INVALID);
     cr_expect_null(c);
+}
+
+/* ------------------------------------------------------------ signals */
+
+/* Debian's libfabric loads libpsm-infinipath, whose constructor replaces
+ * the handlers of SIGSEGV, SIGTERM, ... with one that exits 1 (a crash
+ * would look like an ordinary failure). The first fabric open puts the
+ * defaults back where the handler is still that library's. u[0]: every
+ * such signal has its default action in a rank after init. */
+static int signals_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)c;
+    (void)arg;
+    static const int sigs[] = {SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGINT, SIGTERM};
+    int dfl = 1;
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa;
+        sigaction(sigs[i], NULL, &sa);
+        dfl &= !(sa.sa_flags & SA_SIGINFO) && sa.sa_handler == SIG_DFL;
+    }
+    o->u[0] = (uint64_t)dfl;
+    return 0;
+}
+
+/* A program's own handler is left alone. */
+static void own_handler(int sig) { (void)sig; }
+static void install_own(int rank, const void *arg) {
+    (void)rank;
+    (void)arg;
+    signal(SIGTERM, own_handler);
+}
+static int own_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)c;
+    (void)arg;
+    struct sigaction sa;
+    sigaction(SIGTERM, NULL, &sa);
+    o->u[0] = sa.sa_handler == own_handler;
+    return 0;
+}
+
+Test(signals, a_rank_keeps_the_default_actions_of_fatal_signals) {
+    tr_job job = {"tcp", 2, 5000, 30, -1, NULL};
+    tr_out *o = tr_run(&job, signals_body, NULL);
+    for (int r = 0; r < 2; r++)
+        cr_expect_eq(o[r].u[0], 1, "rank %d: a fatal signal's handler is not the default", r);
+    tr_release(o);
+    tr_before_init = install_own;
+    o = tr_run(&job, own_body, NULL);
+    tr_before_init = NULL;
+    for (int r = 0; r < 2; r++)
+        cr_expect_eq(o[r].u[0], 1, "rank %d: the program's own SIGTERM handler was replaced", r);
+    tr_release(o);
 }

@@ -108,6 +108,10 @@ static _Noreturn void child_exec(const terse__run_job *job, int rank, const int 
     set_env_int("TERSE_SIZE", job->nranks, err_fd);
     set_env_int("TERSE_LOCAL_RANK", rank, err_fd);
     set_env_int("TERSE_LOCAL_SIZE", job->nranks, err_fd);
+    /* Debian's libfabric loads libpsm-infinipath, which would turn a rank's
+     * crash or SIGTERM into exit(1) (transport/fabric.c): keep signals
+     * signals. */
+    if (setenv("IPATH_NO_BACKTRACE", "1", 0) != 0) child_fail(err_fd);
     if (setenv("TERSE_ADDR", job->addr, 1) != 0 || setenv("TERSE_TOKEN", job->token, 1) != 0 ||
         (job->provider && setenv("TERSE_PROVIDER", job->provider, 1) != 0) ||
         (job->timeout && setenv("TERSE_TIMEOUT_MS", job->timeout, 1) != 0))

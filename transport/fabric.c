@@ -2,7 +2,10 @@
  * sized from what the provider reports), the address blob ranks exchange,
  * filling the AV in rank order, and close. Posting and progress live in
  * fabric_msg.c, provider selection in fabric_info.c. */
+#include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,9 +121,40 @@ static terse_status register_slots(terse__fabric *f) {
     return TERSE_OK;
 }
 
+/* Debian's libfabric links libpsm-infinipath, whose constructor (run when
+ * libfabric loads, before main) installs one handler for SIGSEGV, SIGBUS,
+ * SIGABRT, SIGILL, SIGINT and SIGTERM that prints a backtrace and calls
+ * exit(1): a crash then looks like an ordinary failure, no core is
+ * written, SIGTERM and Ctrl-C end the process with status 1, and Python's
+ * KeyboardInterrupt never comes. IPATH_NO_BACKTRACE=1 in the environment
+ * before the process starts prevents it (terse-run and the Python package
+ * set it). For programs started otherwise, the first fabric open puts back
+ * the default action of every such signal whose handler is still that
+ * library's -- a handler the program installed itself is left alone. */
+static void undo_psm_handlers(void) {
+    static const int sigs[] = {SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGINT, SIGTERM, SIGFPE};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa;
+        if (sigaction(sigs[i], NULL, &sa) != 0) continue;
+        void *h = (sa.sa_flags & SA_SIGINFO) ? (void *)sa.sa_sigaction : (void *)sa.sa_handler;
+        if (h == (void *)SIG_DFL || h == (void *)SIG_IGN) continue;
+        Dl_info d;
+        if (dladdr(h, &d) && d.dli_fname && strstr(d.dli_fname, "libinfinipath")) {
+            struct sigaction dfl;
+            memset(&dfl, 0, sizeof dfl);
+            dfl.sa_handler = SIG_DFL;
+            sigemptyset(&dfl.sa_mask);
+            sigaction(sigs[i], &dfl, NULL);
+        }
+    }
+}
+
+static pthread_once_t psm_once = PTHREAD_ONCE_INIT;
+
 terse_status terse__fabric_open(const char *provider, int same_host, int rank, int nranks,
                                 terse__fabric **out) {
     terse_status st;
+    pthread_once(&psm_once, undo_psm_handlers);
     if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_open: out is NULL");
     *out = NULL;
     if (!provider)

@@ -302,13 +302,15 @@ class Codec(_Closing):
 
     @property
     def traits(self):
-        """dict: id, name, summable, error_feedback, randomized, bits_per_element."""
+        """dict: id, name, summable, error_feedback, randomized, bits_per_element,
+        fixed_size, segment_align (0: never cut), segment_options."""
         t = _capi.CodecTraits()
         t.size = ctypes.sizeof(t)
         _call("terse.Codec.traits", _lib.terse_codec_get_traits, self._handle(), ctypes.byref(t))
         return {"id": t.id, "name": t.name.decode(), "summable": bool(t.summable),
                 "error_feedback": bool(t.error_feedback), "randomized": bool(t.randomized),
-                "bits_per_element": t.bits_per_element}
+                "bits_per_element": t.bits_per_element, "fixed_size": bool(t.fixed_size),
+                "segment_align": t.segment_align, "segment_options": bool(t.segment_options)}
 
     def set_stream(self, tensor, rank):
         """Key the codec's random stream by (seed, step, tensor, rank)."""

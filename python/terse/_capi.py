@@ -47,6 +47,11 @@ def _candidates():
 
 def load():
     """Load libterse and return (CDLL, path, where)."""
+    # Debian's libfabric links libpsm-infinipath, whose constructor replaces
+    # the handlers of SIGINT, SIGTERM, SIGSEGV, ... with one that calls
+    # exit(1): Ctrl-C would no longer raise KeyboardInterrupt. It reads this
+    # variable when it loads, i.e. with libterse, just below.
+    os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
     tried = []
     for path, where in _candidates():
         if os.sep in path and not os.path.exists(path):
@@ -111,6 +116,9 @@ class CodecTraits(ctypes.Structure):
         ("error_feedback", ctypes.c_int),
         ("randomized", ctypes.c_int),
         ("bits_per_element", ctypes.c_double),
+        ("fixed_size", ctypes.c_int),
+        ("segment_align", ctypes.c_size_t),
+        ("segment_options", ctypes.c_int),
     ]
 
 
