@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# allreduce-model.sh [--net RATE] [--bytes SIZE] [--ranks "2 4 8"] [--codecs "..."]
+#                    [--provider P] [TERSE_BENCH]
+#
+# terse-bench allreduce --model, checked: the alpha-beta model's prediction
+# against terse_allreduce measured at each rank count, in one run. First
+# alpha is measured (the median time of a 4-byte dense allreduce at 2 ranks,
+# one exchange), and the link: with --net RATE the shaped namespace's rate
+# (bench/slow-net.sh; RATE is the total of every rank's traffic, so the model
+# shares it: --shared-link); without, loopback's, fitted as the dense ring's
+# busbw at 64 MiB and 2 ranks. Then each rank count runs with --model and
+# these two numbers, and the script prints every "check" line (measured and
+# predicted time and bytes per rank) and the last run's predictions for 8
+# to 1024 ranks.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bench=""
+net=""
+bytes=16M
+ranks="2 4 8"
+codecs="fp16 int8 qsgd:bits=4 sign topk:ratio=0.01,ef=1"
+provider=tcp
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    -h | --help)
+        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    --net) net=$2; shift 2 ;;
+    --bytes) bytes=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
+    --codecs) codecs=$2; shift 2 ;;
+    --provider) provider=$2; shift 2 ;;
+    -*) echo "allreduce-model.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
+    *) bench=$1; shift ;;
+    esac
+done
+bench=${bench:-$here/../build/bench/terse-bench}
+[[ -x $bench ]] || { echo "allreduce-model.sh: no terse-bench at $bench (build first)" >&2; exit 2; }
+
+run() { # terse-bench allreduce arguments -> its stdout
+    local cmd=(env OPENBLAS_NUM_THREADS=1 "$bench" allreduce --provider "$provider" -q "$@")
+    if [[ -n $net ]]; then bash "$here/slow-net.sh" "$net" "${cmd[@]}" 2>/dev/null; else "${cmd[@]}"; fi
+}
+col() { # CSV on stdin, column name -> the first data row's value
+    awk -F, -v name="$1" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+                          NR == 2 { print $c[name] }'
+}
+
+alpha=$(run -n 2 -b 4 -e 4 -r 200 -w 20 --csv | col time_us)
+if [[ -n $net ]]; then
+    gbps=$(/usr/bin/python3 -c '
+import re, sys
+m = re.fullmatch(r"([0-9.]+)\s*([kmg]?)(bit|bps)", sys.argv[1].lower())
+if not m: sys.exit("allreduce-model.sh: cannot read the rate " + sys.argv[1])
+v = float(m.group(1)) * {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0}[m.group(2)]
+print(v * (8 if m.group(3) == "bps" else 1))' "$net")
+    link=(--link-gbps "$gbps" --shared-link)
+    how="shaped link $net, shared by the ranks"
+else
+    busbw=$(run -n 2 -b 64M -e 64M -r 5 --csv | col busbw_gbps)
+    gbps=$(awk -v b="$busbw" 'BEGIN { printf "%.3f", 8 * b }')
+    link=(--link-gbps "$gbps")
+    how="loopback, B fitted as the dense ring's busbw at 64 MiB, 2 ranks"
+fi
+echo "# allreduce-model.sh: $bytes, provider $provider, $how"
+echo "# CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores"
+echo "# alpha = $alpha us (4-byte dense allreduce, 2 ranks), B = $gbps Gbit/s"
+cargs=()
+for c in $codecs; do cargs+=(-c "$c"); done
+last=""
+for n in $ranks; do
+    out=$(run -n "$n" -b "$bytes" -e "$bytes" -r 5 -w 1 -t 4 "${cargs[@]}" --model \
+          --alpha "$alpha" "${link[@]}")
+    echo "$out" | grep -E '^# (codec |check)' | sed 's/: encode.*//'
+    last=$out
+done
+echo "#"
+echo "# predictions (the last run's):"
+echo "$last" | sed -n '/^# model/,$p'
