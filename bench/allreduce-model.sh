@@ -7,8 +7,9 @@
 # alpha is measured (the median time of a 4-byte dense allreduce at 2 ranks,
 # one exchange), and the link: with --net RATE the shaped namespace's rate
 # (bench/slow-net.sh; RATE is the total of every rank's traffic, so the model
-# shares it: --shared-link); without, loopback's, fitted as the dense ring's
-# busbw at 64 MiB and 2 ranks. Then each rank count runs with --model and
+# shares it: --shared-link); without, loopback's, fitted as twice the dense
+# ring's busbw at 64 MiB and 2 ranks, shared by the ranks too (on loopback
+# the link is the machine's cores). Then each rank count runs with --model and
 # these two numbers, and the script prints every "check" line (measured and
 # predicted time and bytes per rank) and the last run's predictions for 8
 # to 1024 ranks.
@@ -58,10 +59,12 @@ print(v * (8 if m.group(3) == "bps" else 1))' "$net")
     link=(--link-gbps "$gbps" --shared-link)
     how="shaped link $net, shared by the ranks"
 else
+    # loopback's "link" is the machine's cores, shared by every rank: its
+    # total is what 2 ranks' dense ring moves at 64 MiB, both directions
     busbw=$(run -n 2 -b 64M -e 64M -r 5 --csv | col busbw_gbps)
-    gbps=$(awk -v b="$busbw" 'BEGIN { printf "%.3f", 8 * b }')
-    link=(--link-gbps "$gbps")
-    how="loopback, B fitted as the dense ring's busbw at 64 MiB, 2 ranks"
+    gbps=$(awk -v b="$busbw" 'BEGIN { printf "%.3f", 2 * 8 * b }')
+    link=(--link-gbps "$gbps" --shared-link)
+    how="loopback, B fitted: twice the dense ring's busbw at 64 MiB, 2 ranks, shared by the ranks"
 fi
 echo "# allreduce-model.sh: $bytes, provider $provider, $how"
 echo "# CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores"
