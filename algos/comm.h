@@ -145,6 +145,7 @@ struct terse_comm {
     int waiters;         /* threads inside drive() */
     int refusing;        /* a start failed on this rank: refuse later starts */
     terse_request *q_head, *q_tail; /* started, not yet run */
+    _Atomic unsigned enqueued; /* bumped (under lock) by every enqueue: for spinners */
     int group_depth;
     terse_request *group_head, *group_tail; /* members of the open group */
     int engine_ready;    /* lock, conds (and thread) exist */
