@@ -28,6 +28,7 @@
 
 #include <criterion/criterion.h>
 
+#include "known_limits.h"
 #include "plain_procs.h"
 #include "terse.h"
 
@@ -104,12 +105,6 @@ static void (*tr_before_init)(int rank, const void *arg);
  * terse (the sentence says which): reported on stderr and left with
  * finished == 0 for the caller, not a test failure by itself. */
 static const char *tr_known_segv;
-/* The crash tests that kill or abort a tcp peer mid-transfer allow: seen in
- * about one full run in five on the 2-core CI machine (a survivor's
- * fi_trecv -> rxm, while the ring posted its next chunk's receive). */
-#define TR_RXM_TEARDOWN_SEGV                                                                   \
-    "libfabric 1.17's rxm crashes inside fi_trecv when a new receive matches a large message " \
-    "queued from a peer whose connection it tore down (SECURITY.md)"
 
 /* Run body on every rank of job; returns the shared outputs (munmap with
  * tr_release). Asserts that every rank (but the victim) exited 0. */

@@ -1,0 +1,15 @@
+/* Failures outside terse that tests allow, with the sentence they print
+ * (SECURITY.md has the details). */
+#ifndef TERSE_TESTS_KNOWN_LIMITS_H
+#define TERSE_TESTS_KNOWN_LIMITS_H
+
+/* A survivor of a tcp peer killed or aborted mid-transfer may die of
+ * SIGSEGV inside libfabric: seen in about one full run in five on the
+ * 2-core CI machine (the survivor's fi_trecv -> rxm, posting the next
+ * chunk's receive), in test_engine's abort test, test_comm_failure's and
+ * test_fabric's kill tests. */
+#define TR_RXM_TEARDOWN_SEGV                                                                   \
+    "libfabric 1.17's rxm crashes inside fi_trecv when a new receive matches a large message " \
+    "queued from a peer whose connection it tore down (SECURITY.md)"
+
+#endif
