@@ -15,12 +15,18 @@
  *   - exact byte counts: the N - 1 pieces it sent and the N - 1 owner
  *     messages it forwarded, the (N - 1) (8 N + 16) bytes of lengths and
  *     codec digests.
+ * A rank killed in a loop of reduce-scatters fails every survivor in time,
+ * with its codec's residual as before the failed call (tcp and shm).
  * Plugins written here check that a summable plugin with a view travels
  * the ring, one without a view is all-gathered, and a cuttable plugin
  * takes the reduce-scatter. */
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -707,3 +713,78 @@ Test(rounds, none_average_is_bitwise_the_dense_average_at_three_ranks) {
     }
     tr_release(o);
 }
+
+/* ------------------------------------------------------------ a killed rank */
+
+/* Rank 3 of 4 kills itself 150 ms into a loop of reduce-scatter
+ * allreduces (fp16, ef=1, 2M floats): every survivor fails within the
+ * timeout with PEER_LOST or TIMEOUT naming rank 3, and its codec is left
+ * as it was before the failed call (the snapshot), so u[1]: the residual
+ * after the failure equals the residual after the last call that
+ * succeeded. */
+static void *kill_later(void *arg) {
+    usleep((useconds_t)(intptr_t)arg * 1000);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+static int rs_kill_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const size_t n = 1u << 21;
+    const int victim = terse_comm_size(c) - 1;
+    terse_codec *codec = NULL;
+    TR_CALL(o, terse_codec_create("fp16:ef=1", 1, n, &codec));
+    float *y = malloc(n * sizeof(float)), *keep = malloc(n * sizeof(float));
+    tu_fill_gauss(y, n, 77 + (uint64_t)terse_comm_rank(c));
+    TR_CALL(o, terse_allreduce(c, y, n, codec, TERSE_OP_AVG));
+    o->hash[1] = !strcmp(terse_allreduce_algorithm(c, codec, n), "rs");
+    if (terse_comm_rank(c) == victim) {
+        pthread_t t;
+        pthread_create(&t, NULL, kill_later, (void *)(intptr_t)150);
+    }
+    for (int i = 0; i < 5000; i++) {
+        memcpy(keep, terse_codec_residual(codec), n * sizeof(float));
+        double t0 = tr_now_ms();
+        terse_status s = terse_allreduce(c, y, n, codec, TERSE_OP_AVG);
+        if (s == TERSE_OK) continue;
+        o->val[0] = tr_now_ms() - t0;
+        o->u[0] = (uint64_t)s;
+        o->u[1] = memcmp(keep, terse_codec_residual(codec), n * sizeof(float)) == 0;
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        free(y);
+        free(keep);
+        terse_codec_free(codec);
+        return 0;
+    }
+    free(y);
+    free(keep);
+    terse_codec_free(codec);
+    return tr_fail(o, TERSE_OK, "5000 all-reduces succeeded although a rank was killed");
+}
+
+static void check_rs_killed(const char *provider) {
+    const int N = 4, timeout_ms = 3000;
+    tr_job job = {provider, N, timeout_ms, 40, N - 1, NULL};
+    if (!strcmp(provider, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
+    setenv("TERSE_COMPRESSED_ALGO", "rs", 1);
+    tr_out *o = tr_run(&job, rs_kill_body, NULL);
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    tr_known_segv = NULL;
+    for (int r = 0; r < N - 1; r++) {
+        if (!o[r].finished) continue; /* the known crash: tr_run warned */
+        terse_status s = (terse_status)o[r].u[0];
+        cr_expect_eq(o[r].hash[1], 1, "%s: survivor %d: not the reduce-scatter", provider, r);
+        cr_expect(s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT,
+                  "%s: survivor %d got %s (%s)", provider, r, terse_status_name(s), o[r].err);
+        cr_expect_leq(o[r].val[0], timeout_ms + 1500.0, "%s: survivor %d took %.0f ms", provider,
+                      r, o[r].val[0]);
+        cr_expect(strstr(o[r].err, "rank 3"), "%s: survivor %d's sentence does not name rank 3: %s",
+                  provider, r, o[r].err);
+        cr_expect_eq(o[r].u[1], 1, "%s: survivor %d's residual changed in the failed call",
+                     provider, r);
+    }
+    tr_release(o);
+}
+
+Test(rs_allreduce, killed_rank_fails_every_survivor_tcp, .timeout = 60) { check_rs_killed("tcp"); }
+Test(rs_allreduce, killed_rank_fails_every_survivor_shm, .timeout = 60) { check_rs_killed("shm"); }
