@@ -7,7 +7,9 @@
 # the compressed reduce-scatter (=rs), dense beside them, in one run per
 # rank count. Columns: codec, algorithm, wire bytes per rank, codec s, wire
 # s (time waiting on the network), total s (median of the slowest rank),
-# effective algbw (fp32 bytes / time), x dense (dense time / this time).
+# effective algbw (fp32 bytes / time), x dense (dense time / this time),
+# x mpi (Open MPI's dense MPI_Allreduce time, same size and ranks, measured
+# in the gather run / this time).
 # --net RATE runs everything inside bench/slow-net.sh's shaped namespace
 # (root; RATE is the total of every rank's traffic on the one loopback).
 set -euo pipefail
@@ -42,9 +44,11 @@ cargs=(-c dense)
 for c in $codecs; do cargs+=(-c "$c"); done
 run() { # algo nranks -> CSV on stdout
     local algo=$1 n=$2
+    local mpi=()
+    [[ $algo == gather ]] && mpi=(--vs-mpi) # Open MPI's dense allreduce, once per rank count
     local cmd=(env TERSE_COMPRESSED_ALGO="$algo" OPENBLAS_NUM_THREADS=1 "$bench" allreduce
                -n "$n" --provider "$provider" -b "$bytes" -e "$bytes" -r "$repeats" -w 1 -t 4
-               --csv -q "${cargs[@]}")
+               --csv -q "${mpi[@]}" "${cargs[@]}")
     if [[ -n $net ]]; then
         bash "$here/slow-net.sh" "$net" "${cmd[@]}"
     else
@@ -57,27 +61,35 @@ echo "# CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'
 for n in $ranks; do
     echo "#"
     echo "# $n ranks"
-    printf '%-24s %-10s %12s %9s %9s %9s %9s %8s\n' codec algo bytes/rank codec_s wire_s \
-        total_s eff.GB/s x_dense
+    printf '%-24s %-11s %12s %9s %9s %9s %9s %8s %7s\n' codec algo bytes/rank codec_s wire_s \
+        total_s eff.GB/s x_dense x_mpi
     for algo in gather rs; do
         run "$algo" "$n"
     done | /usr/bin/python3 -c '
 import csv, sys
-dense = None
-for row in csv.DictReader(sys.stdin):
-    if row["spec"] == "spec":
+dense = mpi = None
+header = None
+for fields in csv.reader(sys.stdin):
+    if fields and fields[0] == "spec":  # each run has its own header (columns differ)
+        header = fields
         continue
+    if not header or len(fields) != len(header):
+        continue
+    row = dict(zip(header, fields))
     spec, algo = row["spec"], row["algo"]
     if row["status"] != "ok":
-        print("%-24s %-10s failed: %s" % (spec, algo, row["error"]))
+        print("%-24s %-11s failed: %s" % (spec, algo, row["error"]))
         continue
     t = float(row["time_us"]) / 1e6
+    if row.get("mpi_time_us"):
+        mpi = float(row["mpi_time_us"]) / 1e6
     if spec == "dense":
         if dense is not None:
             continue
         dense = t
-    print("%-24s %-10s %12.0f %9.4f %9.4f %9.4f %9.3f %8.2f" % (
+    print("%-24s %-11s %12.0f %9.4f %9.4f %9.4f %9.3f %8.2f %7s" % (
         spec, algo, float(row["wire_bytes"]), float(row["codec_us"]) / 1e6,
-        float(row["net_us"]) / 1e6, t, float(row["eff_algbw_gbps"]), dense / t if dense else 0))
+        float(row["net_us"]) / 1e6, t, float(row["eff_algbw_gbps"]), dense / t if dense else 0,
+        "%.2f" % (mpi / t) if mpi else "-"))
 '
 done
