@@ -2,11 +2,15 @@
  *
  * Every chunk a rank sends carries a 16-byte Poly1305 tag (the AEAD
  * ChaCha20-Poly1305 over no plaintext, OpenSSL EVP: all data as associated
- * data; measured here at 12.8 GB/s on one core against AES-256-GCM's GMAC
- * at 5.9 GB/s) after its bytes, sent and received as a second iov entry so
- * the data itself stays zero-copy. The tag covers
+ * data) after its bytes, sent and received as a second iov entry so the
+ * data itself stays zero-copy. Associated data only, 1 MiB chunks, one
+ * core of this Intel Xeon VM (AVX-512): 13.1 GB/s in cache and 5.7 GB/s
+ * over 128 MiB; AES-256-GCM's GMAC 15.4 and 8.0 (an earlier figure here,
+ * 5.9, timed GCM encrypting). ChaCha20 stays: it needs no AES hardware
+ * (aarch64 without the crypto extensions, older x86) and every rank must
+ * use the same. The tag covers
  *
- *     AAD   = u64 message length || the chunk's bytes
+ *     AAD   = u64 message length || 8 zero bytes || the chunk's bytes
  *     nonce = u48 tag (collective sequence number and message index)
  *             || u16 chunk index || u32 epoch (the sequence number's high
  *             bits, which the tag's 20 bits leave out)
@@ -15,7 +19,7 @@
  *
  *     K(s -> d) = HKDF-SHA256(ikm = the job token,
  *                             salt = nonce_s || nonce_d,
- *                             info = "terse-wire-v1" || u32 s || u32 d)
+ *                             info = "terse-wire-v2" || u32 s || u32 d)
  *
  * where nonce_r is 32 random bytes rank r publishes through the store at
  * init. So a message is accepted only from the holder of the token, for
@@ -61,7 +65,7 @@ static terse_status key_for(const char *token, const uint8_t *nonces, int s, int
     uint8_t salt[2 * TERSE__WIRE_NONCE], info[13 + 8];
     memcpy(salt, nonces + (size_t)s * TERSE__WIRE_NONCE, TERSE__WIRE_NONCE);
     memcpy(salt + TERSE__WIRE_NONCE, nonces + (size_t)d * TERSE__WIRE_NONCE, TERSE__WIRE_NONCE);
-    memcpy(info, "terse-wire-v1", 13);
+    memcpy(info, "terse-wire-v2", 13);
     terse__put_u32(info + 13, (uint32_t)s);
     terse__put_u32(info + 17, (uint32_t)d);
     return hkdf(token, salt, sizeof salt, info, sizeof info, key);
@@ -145,14 +149,24 @@ void terse__fabric_free_keys(terse__fabric *f) {
     f->auth_fail = NULL;
 }
 
+/* The associated data before a chunk's bytes: its message's length,
+ * padded to one 16-byte Poly1305 block. Unpadded (v1: 8 bytes), every
+ * chunk started mid-block and OpenSSL's ChaCha20-Poly1305 took a path half
+ * as fast: 2.9 against 5.7 GB/s over 128 MiB of 1 MiB chunks, 8.9 against
+ * 13.1 GB/s in cache (this machine), and a 64 MiB tcp allreduce spent 84 ms
+ * against 31 ms without MACs; v2 keys (HKDF info) keep v1 ranks out. */
+#define AAD_HEAD 16
+
 /* The nonce and the associated length of chunk i of r. */
-static void nonce_of(const terse__fabric_req *r, size_t chunk, uint8_t iv[12], uint8_t len[8]) {
+static void nonce_of(const terse__fabric_req *r, size_t chunk, uint8_t iv[12],
+                     uint8_t len[AAD_HEAD]) {
     uint64_t t = r->tag & (((uint64_t)1 << TERSE__TAG_BITS) - 1);
     for (int i = 0; i < 6; i++) iv[i] = (uint8_t)(t >> (8 * i));
     iv[6] = (uint8_t)chunk;
     iv[7] = (uint8_t)(chunk >> 8);
     terse__put_u32(iv + 8, r->epoch);
     terse__put_u64(len, (uint64_t)r->len);
+    memset(len + 8, 0, AAD_HEAD - 8);
 }
 
 /* EVP takes int lengths: run one update over n bytes in pieces. */
@@ -168,7 +182,7 @@ static int update(EVP_CIPHER_CTX *x, uint8_t *out, const uint8_t *in, size_t n) 
 int terse__fabric_seal(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
                        const uint8_t *p, size_t n, uint8_t *out, uint8_t tag[TERSE__WIRE_MAC]) {
     EVP_CIPHER_CTX *x = f->tx_ctx[r->peer];
-    uint8_t iv[12], len[8];
+    uint8_t iv[12], len[AAD_HEAD];
     nonce_of(r, chunk, iv, len);
     int outl = 0;
     return EVP_EncryptInit_ex(x, NULL, NULL, NULL, iv) == 1 &&
@@ -180,7 +194,7 @@ int terse__fabric_seal(terse__fabric *f, const terse__fabric_req *r, size_t chun
 int terse__fabric_open_sealed(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
                               uint8_t *p, size_t n, const uint8_t *tag) {
     EVP_CIPHER_CTX *x = f->rx_ctx[r->peer];
-    uint8_t iv[12], len[8], t[TERSE__WIRE_MAC];
+    uint8_t iv[12], len[AAD_HEAD], t[TERSE__WIRE_MAC];
     nonce_of(r, chunk, iv, len);
     memcpy(t, tag, sizeof t);
     int outl = 0;
@@ -194,7 +208,7 @@ int terse__fabric_open_sealed(terse__fabric *f, const terse__fabric_req *r, size
 int terse__fabric_mac(terse__fabric *f, const terse__fabric_req *r, size_t chunk,
                       const uint8_t *p, size_t n, uint8_t out[TERSE__WIRE_MAC]) {
     EVP_CIPHER_CTX *x = r->is_send ? f->tx_ctx[r->peer] : f->rx_ctx[r->peer];
-    uint8_t iv[12], len[8];
+    uint8_t iv[12], len[AAD_HEAD];
     nonce_of(r, chunk, iv, len);
     int outl = 0;
     int ok = EVP_EncryptInit_ex(x, NULL, NULL, NULL, iv) == 1 &&
