@@ -518,5 +518,5 @@ static void check_killed(const char *provider) {
     tr_release(o);
 }
 
-Test(pipe_allreduce, killed_rank_fails_every_survivor_tcp, .timeout = 60) { check_killed("tcp"); }
-Test(pipe_allreduce, killed_rank_fails_every_survivor_shm, .timeout = 60) { check_killed("shm"); }
+Test(pipe_allreduce, killed_rank_fails_every_survivor_tcp) { check_killed("tcp"); }
+Test(pipe_allreduce, killed_rank_fails_every_survivor_shm) { check_killed("shm"); }

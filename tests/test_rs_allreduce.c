@@ -786,5 +786,5 @@ static void check_rs_killed(const char *provider) {
     tr_release(o);
 }
 
-Test(rs_allreduce, killed_rank_fails_every_survivor_tcp, .timeout = 60) { check_rs_killed("tcp"); }
-Test(rs_allreduce, killed_rank_fails_every_survivor_shm, .timeout = 60) { check_rs_killed("shm"); }
+Test(rs_allreduce, killed_rank_fails_every_survivor_tcp) { check_rs_killed("tcp"); }
+Test(rs_allreduce, killed_rank_fails_every_survivor_shm) { check_rs_killed("shm"); }
