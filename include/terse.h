@@ -587,7 +587,15 @@ typedef struct terse_comm_config {
 
 /* Join the job: rendezvous at rank 0's store, open the libfabric endpoint,
  * exchange addresses. Blocks until every rank has joined or the timeout
- * passes. On failure *out is NULL. */
+ * passes. On failure *out is NULL.
+ * Signals: Debian's libfabric loads libpsm-infinipath, whose constructor
+ * replaces the handlers of SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGINT and
+ * SIGTERM with one that prints a backtrace and calls exit(1). The first
+ * endpoint opened restores the default action of each such signal whose
+ * handler is still that library's (handlers the program installed are
+ * left alone). Setting IPATH_NO_BACKTRACE=1 before the process starts
+ * keeps them from being installed at all (terse-run and the Python
+ * package do). */
 TERSE_API terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out);
 
 /* Leave the job and release everything. NULL is accepted. Not collective:
