@@ -41,11 +41,7 @@ terse_status terse__allreduce_gather(terse_comm *c, float *buf, size_t n, terse_
     size_t mine = 0;
     TERSE_CHECK(terse_encode(codec, buf, msgs + (size_t)c->rank * slot, bound, &mine));
     terse__comm_codec_time(c, t0);
-    if (terse__codec_fixed_size(codec) && mine != bound)
-        return TERSE_ERROR(TERSE_ERR_INTERNAL,
-                           "rank %d: codec '%s' declares TERSE_CODEC_FIXED_SIZE but wrote a "
-                           "%zu-byte message where its bound is %zu",
-                           c->rank, terse_codec_spec(codec), mine, bound);
+    TERSE_CHECK(terse__codec_check_fixed(codec, c->rank, mine, bound));
 
     /* 2. sizes, then messages */
     TERSE_CHECK(terse__allgather_u64(c, mine, lens));

@@ -163,11 +163,7 @@ static terse_status encode(pipe *x, size_t s) {
                            : terse_encode(x->codec, x->buf, m, x->slot, &x->len[i]);
     terse__comm_codec_time(x->c, t0);
     TERSE_CHECK(st);
-    if (x->fixed && x->len[i] != bound_of(x, s))
-        return TERSE_ERROR(TERSE_ERR_INTERNAL,
-                           "rank %d: codec '%s' declares TERSE_CODEC_FIXED_SIZE but wrote a "
-                           "%zu-byte message where its bound is %zu",
-                           x->me, terse_codec_spec(x->codec), x->len[i], bound_of(x, s));
+    TERSE_CHECK(terse__codec_check_fixed(x->codec, x->me, x->len[i], bound_of(x, s)));
     x->hdr[i] = x->len[i];
     return TERSE_OK;
 }

@@ -120,6 +120,15 @@ static double rs_sent(const model_codec *k, int N) {
     return most;
 }
 
+/* The pipelined all-gather runs at N ranks (algos/pipe_allreduce.c: at
+ * least two pieces, and two pieces' requests beside the digests' fit the
+ * communicator's 64); *P its pieces, *all one copy of their bytes. */
+static int pipe_runs(const model_codec *k, int N, size_t *P, double *all) {
+    const size_t per_piece = (k->fixed ? 2u : 4u) * (size_t)(N - 1);
+    *P = pieces(k, all);
+    return *P > 1 && 2 * (size_t)(N - 1) + 2 * per_piece <= MAX_REQS;
+}
+
 typedef struct {
     double t, bytes; /* seconds, payload + framing bytes per rank */
     int ok;
@@ -141,9 +150,8 @@ static pred predict(const ar_options *o, const model_codec *k, const char *algo,
         p.t = 2.0 * (N - 1) * a + p.bytes / B + k->e + N * k->d;
     } else if (!strcmp(algo, "gather-pipe")) {
         double all;
-        size_t P = pieces(k, &all);
-        const size_t per_piece = (k->fixed ? 2u : 4u) * (size_t)(N - 1);
-        if (P < 2 || 2 * (size_t)(N - 1) + 2 * per_piece > MAX_REQS) return (pred){0, 0, 0};
+        size_t P;
+        if (!pipe_runs(k, N, &P, &all)) return (pred){0, 0, 0};
         p.bytes = (N - 1) * all + 8.0 * (N - 1) * (k->fixed ? 1 : 1 + (double)P);
         double C = k->e + N * k->d, W = a + p.bytes / B;
         p.t = fmax(C, W) + fmin(C, W) / (double)P + a;
@@ -167,10 +175,8 @@ static const char *auto_algo(const model_codec *k, int N) {
         k->n / k->align + (k->n % k->align != 0) >= (size_t)N)
         return "rs";
     double all;
-    const size_t per_piece = (k->fixed ? 2u : 4u) * (size_t)(N - 1);
-    if (pieces(k, &all) > 1 && 2 * (size_t)(N - 1) + 2 * per_piece <= MAX_REQS)
-        return "gather-pipe";
-    return "gather";
+    size_t P;
+    return pipe_runs(k, N, &P, &all) ? "gather-pipe" : "gather";
 }
 
 static int measure_codec(const char *spec, size_t rows, size_t cols, model_codec *k) {

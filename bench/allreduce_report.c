@@ -30,27 +30,30 @@ double ar_busbw(const ar_row *r) {
     return 1e-9 * r->wire_sent / r->time_s;
 }
 
-/* --overlap's two ratios: against perfect overlap (the longer of the two
- * alone) and against none (both, one after the other). */
+/* t against two parts done apart: against the longer (1: the shorter hid
+ * completely behind it) and against both one after the other (1: nothing
+ * overlapped). --overlap: the loop and the allreduce; --parts: the codec
+ * work and the wire. */
+static double vs_max(double t, double a, double b) {
+    double m = a > b ? a : b;
+    return m > 0 ? t / m : 0.0;
+}
+
+static double vs_sum(double t, double a, double b) {
+    return a + b > 0 ? t / (a + b) : 0.0;
+}
+
 static double overlap_vs_max(const ar_row *r) {
-    double m = r->compute_s > r->alone_s ? r->compute_s : r->alone_s;
-    return m > 0 ? r->overlap_s / m : 0.0;
+    return vs_max(r->overlap_s, r->compute_s, r->alone_s);
 }
-
 static double overlap_vs_sum(const ar_row *r) {
-    double m = r->compute_s + r->alone_s;
-    return m > 0 ? r->overlap_s / m : 0.0;
+    return vs_sum(r->overlap_s, r->compute_s, r->alone_s);
 }
-
-/* --parts: the allreduce against its codec work and its bytes apart. */
 static double parts_vs_max(const ar_row *r) {
-    double m = r->codec_alone_s > r->wire_alone_s ? r->codec_alone_s : r->wire_alone_s;
-    return m > 0 ? r->time_s / m : 0.0;
+    return vs_max(r->time_s, r->codec_alone_s, r->wire_alone_s);
 }
-
 static double parts_vs_sum(const ar_row *r) {
-    double m = r->codec_alone_s + r->wire_alone_s;
-    return m > 0 ? r->time_s / m : 0.0;
+    return vs_sum(r->time_s, r->codec_alone_s, r->wire_alone_s);
 }
 
 double ar_algbw(const ar_row *r) {

@@ -300,6 +300,14 @@ int terse__codec_fixed_size(const terse_codec *c) {
     return (c->ops.flags & TERSE_CODEC_FIXED_SIZE) != 0;
 }
 
+terse_status terse__codec_check_fixed(const terse_codec *c, int rank, size_t len, size_t bound) {
+    if (!terse__codec_fixed_size(c) || len == bound) return TERSE_OK;
+    return TERSE_ERROR(TERSE_ERR_INTERNAL,
+                       "rank %d: codec '%s' declares TERSE_CODEC_FIXED_SIZE but wrote a "
+                       "%zu-byte message where its bound is %zu",
+                       rank, c->spec, len, bound);
+}
+
 /* Blocks of segment_align a piece holds, and how many pieces: 0 if the
  * codec is not cut into pieces. */
 static size_t piece_blocks(const terse_codec *c, size_t piece_elems, size_t *count) {

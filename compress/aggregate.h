@@ -126,6 +126,9 @@ uint64_t terse__codec_pieces_digest(const terse_codec *c, const terse__pieces *p
 /* Nonzero if every message of the codec is exactly terse_codec_bound
  * bytes (TERSE_CODEC_FIXED_SIZE): receivers then know the size. */
 int terse__codec_fixed_size(const terse_codec *c);
+/* TERSE_ERR_INTERNAL naming the codec if it declares fixed sizes and a
+ * message it just encoded is len bytes where its bound is bound. */
+terse_status terse__codec_check_fixed(const terse_codec *c, int rank, size_t len, size_t bound);
 
 /* ---- transactional state ---- */
 

@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,6 +197,68 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
 }
 
 static inline void tr_release(tr_out *outs) { munmap(outs, sizeof(tr_out) * TR_MAX_RANKS); }
+
+/* ---- ranks whose codecs differ (the refusal tests) ---- */
+
+/* Every rank but odd_rank creates spec, odd_rank odd_spec, for rows x cols,
+ * and all run one terse_allreduce (sum): u[0] its status, err its
+ * sentence. The caller expects no rank to get TERSE_OK. */
+typedef struct {
+    const char *spec, *odd_spec; /* everyone's, and rank odd_rank's */
+    int odd_rank;
+    size_t rows, cols;
+} tr_mismatch;
+
+static inline int tr_mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
+    const tr_mismatch *m = arg;
+    const int r = terse_comm_rank(c);
+    const size_t n = m->rows * m->cols;
+    terse_codec *codec = NULL;
+    TR_CALL(o, terse_codec_create(r == m->odd_rank ? m->odd_spec : m->spec, m->rows, m->cols,
+                                  &codec));
+    float *y = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) y[i] = (float)((int)((i * 7 + (size_t)r) % 13) - 6);
+    o->u[0] = (uint64_t)terse_allreduce(c, y, n, codec, TERSE_OP_SUM);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    free(y);
+    terse_codec_free(codec);
+    return 0;
+}
+
+/* ---- a rank killed mid-loop (the failure tests) ---- */
+
+static inline void *tr_killer_(void *arg) {
+    usleep((useconds_t)(intptr_t)arg * 1000);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+/* On the last rank only: SIGKILL this process ms milliseconds from now. */
+static inline void tr_last_rank_dies_in(terse_comm *c, int ms) {
+    if (terse_comm_rank(c) != terse_comm_size(c) - 1) return;
+    pthread_t t;
+    pthread_create(&t, NULL, tr_killer_, (void *)(intptr_t)ms);
+}
+
+/* Call terse_allreduce(c, y, n, codec, op) up to max times until one
+ * fails: then o->u[0] is its status, o->val[0] its milliseconds and o->err
+ * its sentence, and 1 is returned; 0 if every call succeeded. With keep
+ * (n floats), the codec's residual is copied there before each call. */
+static inline int tr_allreduce_until_failure(terse_comm *c, tr_out *o, float *y, size_t n,
+                                             terse_codec *codec, terse_op op, int max,
+                                             float *keep) {
+    for (int i = 0; i < max; i++) {
+        if (keep) memcpy(keep, terse_codec_residual(codec), n * sizeof(float));
+        double t0 = tr_now_ms();
+        terse_status s = terse_allreduce(c, y, n, codec, op);
+        if (s == TERSE_OK) continue;
+        o->val[0] = tr_now_ms() - t0;
+        o->u[0] = (uint64_t)s;
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        return 1;
+    }
+    return 0;
+}
 
 /* One allreduce of a 2-rank job with a pattern only the right sum matches.
  * Rank 0's request to stop (stop != 0) travels inside the data, so both

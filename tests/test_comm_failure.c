@@ -17,12 +17,6 @@
  * two-core machine. */
 #define SLACK_MS 1500
 
-static void *killer(void *arg) {
-    usleep((useconds_t)(intptr_t)arg * 1000);
-    kill(getpid(), SIGKILL);
-    return NULL;
-}
-
 /* The last rank kills itself 150 ms into a loop of 8 MB all-reduces. The
  * survivors report: u[0] the failing call's status, val[0] how long that
  * call took (ms), err its sentence; u[1] the status of the next call and
@@ -30,20 +24,10 @@ static void *killer(void *arg) {
 static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     const size_t n = 2u << 20;
-    const int victim = terse_comm_size(c) - 1;
     float *y = calloc(n, sizeof(float));
     TR_CALL(o, terse_allreduce(c, y, n, NULL, TERSE_OP_SUM));
-    if (terse_comm_rank(c) == victim) {
-        pthread_t t;
-        pthread_create(&t, NULL, killer, (void *)(intptr_t)150);
-    }
-    for (int i = 0; i < 2000; i++) {
-        double t0 = tr_now_ms();
-        terse_status s = terse_allreduce(c, y, n, NULL, TERSE_OP_SUM);
-        if (s == TERSE_OK) continue;
-        o->val[0] = tr_now_ms() - t0;
-        o->u[0] = (uint64_t)s;
-        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    tr_last_rank_dies_in(c, 150);
+    if (tr_allreduce_until_failure(c, o, y, n, NULL, TERSE_OP_SUM, 2000, NULL)) {
         o->u[1] = (uint64_t)terse_barrier(c);
         o->hash[0] = strstr(terse_last_error(), "failed earlier") != NULL;
         free(y);

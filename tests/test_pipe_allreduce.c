@@ -316,29 +316,11 @@ Test(pieces, traits_describe_the_cut) {
 
 /* ------------------------------------------------------------ refusals */
 
-typedef struct {
-    const char *spec, *odd_spec;
-    int odd_rank;
-} mismatch_case;
 
-static int mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
-    const mismatch_case *m = arg;
-    const int r = terse_comm_rank(c);
-    terse_codec *codec = NULL;
-    TR_CALL(o, terse_codec_create(r == m->odd_rank ? m->odd_spec : m->spec, ROWS, COLS, &codec));
-    float *y = malloc(N_ELEM * sizeof(float));
-    rank_input(r, 0, y);
-    o->u[0] = (uint64_t)terse_allreduce(c, y, N_ELEM, codec, TERSE_OP_SUM);
-    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
-    free(y);
-    terse_codec_free(codec);
-    return 0;
-}
-
-static void check_mismatch(const mismatch_case *m, const char *provider, int N) {
+static void check_mismatch(const tr_mismatch *m, const char *provider, int N) {
     setenv("TERSE_PIPELINE_BYTES", "4096", 1);
     tr_job job = {provider, N, 3000, 60, -1, NULL};
-    tr_out *o = tr_run(&job, mismatch_body, m);
+    tr_out *o = tr_run(&job, tr_mismatch_body, m);
     unsetenv("TERSE_PIPELINE_BYTES");
     for (int r = 0; r < N; r++) {
         if (getenv("TR_VERBOSE")) fprintf(stderr, "rank %d: %s\n", r, o[r].err);
@@ -350,7 +332,7 @@ static void check_mismatch(const mismatch_case *m, const char *provider, int N) 
 
 /* Other buckets: other sizes and another cut (fixed-size: the digests). */
 Test(pipe_allreduce, ranks_with_other_buckets_never_get_ok, .timeout = 120) {
-    static const mismatch_case m = {"int8:bucket=128", "int8:bucket=64", 1};
+    static const tr_mismatch m = {"int8:bucket=128", "int8:bucket=64", 1, ROWS, COLS};
     check_mismatch(&m, "shm", 3);
     check_mismatch(&m, "tcp", 2);
 }
@@ -358,13 +340,13 @@ Test(pipe_allreduce, ranks_with_other_buckets_never_get_ok, .timeout = 120) {
 /* Same sizes, other codecs: qsgd 4 bits against terngrad's 2 would
  * differ in size; bf16 against fp16 do not -- the digest refuses. */
 Test(pipe_allreduce, same_sizes_other_codec_never_get_ok, .timeout = 120) {
-    static const mismatch_case m = {"fp16", "bf16", 0};
+    static const tr_mismatch m = {"fp16", "bf16", 0, ROWS, COLS};
     check_mismatch(&m, "tcp", 3);
 }
 
 /* topk (lengths travel): k=300 against k=301. */
 Test(pipe_allreduce, a_rank_whose_k_differs_is_refused_everywhere, .timeout = 120) {
-    static const mismatch_case m = {"topk:k=300", "topk:k=301", 1};
+    static const tr_mismatch m = {"topk:k=300", "topk:k=301", 1, ROWS, COLS};
     check_mismatch(&m, "shm", 3);
 }
 
@@ -462,40 +444,21 @@ Test(pipe_allreduce, a_plugin_whose_fixed_size_message_is_short_is_refused, .tim
 
 /* ------------------------------------------------------------ a killed rank */
 
-static void *killer(void *arg) {
-    usleep((useconds_t)(intptr_t)arg * 1000);
-    kill(getpid(), SIGKILL);
-    return NULL;
-}
-
 static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     const size_t n = 1u << 21;
-    const int victim = terse_comm_size(c) - 1;
     terse_codec *codec = NULL;
     TR_CALL(o, terse_codec_create("int8:ef=1", 1, n, &codec));
     float *y = malloc(n * sizeof(float));
     tu_fill_gauss(y, n, 5);
     TR_CALL(o, terse_allreduce(c, y, n, codec, TERSE_OP_AVG));
     o->hash[1] = !strcmp(terse_allreduce_algorithm(c, codec, n), "gather-pipe");
-    if (terse_comm_rank(c) == victim) {
-        pthread_t t;
-        pthread_create(&t, NULL, killer, (void *)(intptr_t)150);
-    }
-    for (int i = 0; i < 5000; i++) {
-        double t0 = tr_now_ms();
-        terse_status s = terse_allreduce(c, y, n, codec, TERSE_OP_AVG);
-        if (s == TERSE_OK) continue;
-        o->val[0] = tr_now_ms() - t0;
-        o->u[0] = (uint64_t)s;
-        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
-        free(y);
-        terse_codec_free(codec);
-        return 0;
-    }
+    tr_last_rank_dies_in(c, 150);
+    int failed = tr_allreduce_until_failure(c, o, y, n, codec, TERSE_OP_AVG, 5000, NULL);
     free(y);
     terse_codec_free(codec);
-    return tr_fail(o, TERSE_OK, "5000 all-reduces succeeded although a rank was killed");
+    return failed ? 0
+                  : tr_fail(o, TERSE_OK, "5000 all-reduces succeeded although a rank was killed");
 }
 
 static void check_killed(const char *provider) {

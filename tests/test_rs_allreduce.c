@@ -540,36 +540,18 @@ Test(rs_allreduce, error_feedback_delivers_what_the_re_encode_dropped, .timeout 
 /* ------------------------------------------------------------ refusals */
 
 /* One rank's codec differs from the others': no rank may return TERSE_OK. */
-typedef struct {
-    const char *spec, *odd_spec; /* everyone's, and rank odd_rank's */
-    int odd_rank;
-} mismatch_case;
 
-static int mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
-    const mismatch_case *m = arg;
-    const int r = terse_comm_rank(c);
-    terse_codec *codec = NULL;
-    TR_CALL(o, terse_codec_create(r == m->odd_rank ? m->odd_spec : m->spec, ROWS, COLS, &codec));
-    float *y = malloc(N_ELEM * sizeof(float));
-    rank_input(r, y);
-    o->u[0] = (uint64_t)terse_allreduce(c, y, N_ELEM, codec, TERSE_OP_SUM);
-    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
-    free(y);
-    terse_codec_free(codec);
-    return 0;
-}
-
-static tr_out *run_mismatch(const mismatch_case *m) {
+static tr_out *run_mismatch(const tr_mismatch *m) {
     setenv("TERSE_COMPRESSED_ALGO", "rs", 1);
     tr_job job = {"shm", 4, 3000, 60, -1, NULL};
-    tr_out *o = tr_run(&job, mismatch_body, m);
+    tr_out *o = tr_run(&job, tr_mismatch_body, m);
     unsetenv("TERSE_COMPRESSED_ALGO");
     return o;
 }
 
 Test(rs_allreduce, ranks_with_other_specs_never_get_ok, .timeout = 200) {
     /* rank 1 cuts its buckets differently */
-    static const mismatch_case m = {"int8:bucket=128", "int8:bucket=64", 1};
+    static const tr_mismatch m = {"int8:bucket=128", "int8:bucket=64", 1, ROWS, COLS};
     tr_out *o = run_mismatch(&m);
     /* the codec digests travel with the lengths: every rank refuses at
      * the same point, before any piece moves */
@@ -584,7 +566,7 @@ Test(rs_allreduce, ranks_with_other_specs_never_get_ok, .timeout = 200) {
 
 /* topk k=300 against k=301: pieces of the same lengths, other codecs. */
 Test(rs_allreduce, a_rank_whose_k_differs_is_refused_everywhere, .timeout = 200) {
-    static const mismatch_case m = {"topk:k=300", "topk:k=301", 2};
+    static const tr_mismatch m = {"topk:k=300", "topk:k=301", 2, ROWS, COLS};
     tr_out *o = run_mismatch(&m);
     for (int r = 0; r < 4; r++)
         cr_expect_eq(o[r].u[0], TERSE_ERR_CORRUPT, "rank %d returned %s: %s", r,
@@ -722,44 +704,23 @@ Test(rounds, none_average_is_bitwise_the_dense_average_at_three_ranks) {
  * as it was before the failed call (the snapshot), so u[1]: the residual
  * after the failure equals the residual after the last call that
  * succeeded. */
-static void *kill_later(void *arg) {
-    usleep((useconds_t)(intptr_t)arg * 1000);
-    kill(getpid(), SIGKILL);
-    return NULL;
-}
-
 static int rs_kill_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     const size_t n = 1u << 21;
-    const int victim = terse_comm_size(c) - 1;
     terse_codec *codec = NULL;
     TR_CALL(o, terse_codec_create("fp16:ef=1", 1, n, &codec));
     float *y = malloc(n * sizeof(float)), *keep = malloc(n * sizeof(float));
     tu_fill_gauss(y, n, 77 + (uint64_t)terse_comm_rank(c));
     TR_CALL(o, terse_allreduce(c, y, n, codec, TERSE_OP_AVG));
     o->hash[1] = !strcmp(terse_allreduce_algorithm(c, codec, n), "rs");
-    if (terse_comm_rank(c) == victim) {
-        pthread_t t;
-        pthread_create(&t, NULL, kill_later, (void *)(intptr_t)150);
-    }
-    for (int i = 0; i < 5000; i++) {
-        memcpy(keep, terse_codec_residual(codec), n * sizeof(float));
-        double t0 = tr_now_ms();
-        terse_status s = terse_allreduce(c, y, n, codec, TERSE_OP_AVG);
-        if (s == TERSE_OK) continue;
-        o->val[0] = tr_now_ms() - t0;
-        o->u[0] = (uint64_t)s;
-        o->u[1] = memcmp(keep, terse_codec_residual(codec), n * sizeof(float)) == 0;
-        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
-        free(y);
-        free(keep);
-        terse_codec_free(codec);
-        return 0;
-    }
+    tr_last_rank_dies_in(c, 150);
+    int failed = tr_allreduce_until_failure(c, o, y, n, codec, TERSE_OP_AVG, 5000, keep);
+    if (failed) o->u[1] = memcmp(keep, terse_codec_residual(codec), n * sizeof(float)) == 0;
     free(y);
     free(keep);
     terse_codec_free(codec);
-    return tr_fail(o, TERSE_OK, "5000 all-reduces succeeded although a rank was killed");
+    return failed ? 0
+                  : tr_fail(o, TERSE_OK, "5000 all-reduces succeeded although a rank was killed");
 }
 
 static void check_rs_killed(const char *provider) {
