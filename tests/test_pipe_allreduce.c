@@ -483,3 +483,21 @@ static void check_killed(const char *provider) {
 
 Test(pipe_allreduce, killed_rank_fails_every_survivor_tcp) { check_killed("tcp"); }
 Test(pipe_allreduce, killed_rank_fails_every_survivor_shm) { check_killed("shm"); }
+
+/* A malformed TERSE_PIPELINE_BYTES fails init with a sentence naming it. */
+Test(pipe_allreduce, a_malformed_piece_size_is_refused_at_init) {
+    static const char *const bad[] = {"12q", "-1", "0x10", "2000000000000000"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("TERSE_PIPELINE_BYTES", bad[i], 1);
+        terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+        cfg.rank = 0, cfg.nranks = 1, cfg.provider = "shm";
+        terse_comm *c = NULL;
+        terse_status s = terse_comm_init(&cfg, &c);
+        unsetenv("TERSE_PIPELINE_BYTES");
+        cr_expect_eq(s, TERSE_ERR_INVALID, "'%s': %s", bad[i], terse_status_name(s));
+        cr_expect(strstr(terse_last_error(), "TERSE_PIPELINE_BYTES"), "'%s': %s", bad[i],
+                  terse_last_error());
+        cr_expect_null(c);
+        terse_comm_free(c);
+    }
+}
