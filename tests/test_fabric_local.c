@@ -4,9 +4,13 @@
  * in test_fabric.c. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "transport/fabric.h"
 #include "transport/fabric_impl.h"
@@ -126,6 +130,48 @@ static terse__fabric *open_self(const char *prov) {
     cr_assert_eq(terse__fabric_name(f, name, &len), TERSE_OK);
     cr_assert_eq(terse__fabric_set_peers(f, name, len), TERSE_OK, "%s", terse_last_error());
     return f;
+}
+
+/* A file under the name libfabric's shm would give our region
+ * ("PID:UID:N" in /dev/shm): what a SIGKILLed process whose pid we got
+ * leaves behind, or what a local process plants to keep a job from
+ * starting. libfabric 1.17 refuses fi_enable with EBUSY over such a file;
+ * terse names its regions itself, so the endpoint opens, works, and
+ * leaves the planted files alone. */
+Test(fabric_local, shm_opens_over_a_dead_or_planted_region_under_its_default_name) {
+    char path[8][64];
+    for (int k = 0; k < 8; k++) {
+        snprintf(path[k], sizeof path[k], "/%d:%u:%d", (int)getpid(), (unsigned)getuid(), k);
+        int fd = shm_open(path[k], O_RDWR | O_CREAT | O_TRUNC, 0600);
+        cr_assert(fd >= 0, "shm_open %s", path[k]);
+        cr_assert_eq(ftruncate(fd, 4096), 0);
+        close(fd);
+    }
+    terse__fabric *f = NULL;
+    terse_status st = terse__fabric_open("shm", 1, 0, 1, &f);
+    char why[300];
+    snprintf(why, sizeof why, "%s", st == TERSE_OK ? "" : terse_last_error());
+    int kept = 0;
+    for (int k = 0; k < 8; k++) { /* the files are left as they were; then removed */
+        int fd = shm_open(path[k], O_RDONLY, 0);
+        kept += fd >= 0;
+        if (fd >= 0) close(fd);
+        shm_unlink(path[k]);
+    }
+    cr_assert_eq(st, TERSE_OK, "%s", why);
+    cr_expect_eq(kept, 8);
+    uint8_t name[NAME_CAP];
+    size_t len = sizeof name;
+    cr_assert_eq(terse__fabric_name(f, name, &len), TERSE_OK);
+    cr_assert_eq(terse__fabric_set_peers(f, name, len), TERSE_OK, "%s", terse_last_error());
+    uint8_t in[8] = {0};
+    terse__fabric_req r[2];
+    cr_assert_eq(terse__fabric_irecv(f, 0, 1, in, 8, &r[0]), TERSE_OK);
+    cr_assert_eq(terse__fabric_isend(f, 0, 1, "planted", 8, &r[1]), TERSE_OK);
+    cr_assert_eq(terse__fabric_wait(f, r, 2, in_ms(5000), NULL, NULL), TERSE_OK, "%s",
+                 terse_last_error());
+    cr_expect_str_eq((char *)in, "planted");
+    terse__fabric_close(f);
 }
 
 Test(fabric_local, misuse_is_invalid_and_leaves_the_fabric_usable) {

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/bytes.h"
 #include "common/env.h"
@@ -71,6 +73,32 @@ static terse_status make_slots(terse__fabric *f) {
         }                                                                               \
     } while (0)
 
+/* shm names its region in /dev/shm after the pid and a per-process
+ * counter ("PID:UID:0"). A region left by a SIGKILLed process keeps its
+ * file; when a later process gets the same pid, libfabric 1.17 finds the
+ * file, sees the pid it records alive (the newcomer itself) and refuses
+ * fi_enable with EBUSY -- seen in CI after the kill tests. A process of
+ * the same user could also plant the predictable file to stop a job
+ * joining. So the region gets a name of our own before enable: still
+ * starting "PID:" (tests and operators find a dead rank's leftovers by
+ * pid), then 128 random bits. Peers learn it through the store. */
+static terse_status name_shm_region(terse__fabric *f) {
+    uint8_t rnd[16];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+        return TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: getrandom for the shm region's name failed",
+                           f->rank);
+    char name[96];
+    int used = snprintf(name, sizeof name, "fi_shm://%d:%u:terse-", (int)getpid(),
+                        (unsigned)getuid());
+    for (size_t i = 0; i < sizeof rnd; i++)
+        used += snprintf(name + used, sizeof name - (size_t)used, "%02x", rnd[i]);
+    int ret = fi_setname(&f->ep->fid, name, (size_t)used + 1);
+    if (ret != 0)
+        return TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: naming the shm region failed: %s",
+                           f->rank, fi_strerror(-ret));
+    return TERSE_OK;
+}
+
 /* Open the objects in dependency order: fabric -> domain -> CQ and AV ->
  * endpoint bound to both -> enable. */
 static terse_status open_objects(terse__fabric *f) {
@@ -98,6 +126,7 @@ static terse_status open_objects(terse__fabric *f) {
     FI_TRY(fi_ep_bind(f->ep, &f->av->fid, 0), "binding the AV to the endpoint");
     FI_TRY(fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV),
            "binding the CQ to the endpoint");
+    if (strcmp(f->provider, "shm") == 0) TERSE_CHECK_GOTO(name_shm_region(f), st, fail);
     FI_TRY(fi_enable(f->ep), "fi_enable");
 fail:
     return st;
