@@ -7,7 +7,8 @@
  * SIGSEGV inside libfabric: seen in about one full run in five on the
  * 2-core CI machine (the survivor's fi_trecv -> rxm, posting the next
  * chunk's receive), in test_engine's abort test, test_comm_failure's and
- * test_fabric's kill tests. */
+ * test_fabric's kill tests, and tsan_engine's tcp teardown (1 run in 12
+ * of `tsan_engine tcp 3 free` here, 2026-12-03). */
 #define TR_RXM_TEARDOWN_SEGV                                                                   \
     "libfabric 1.17's rxm crashes inside fi_trecv when a new receive matches a large message " \
     "queued from a peer whose connection it tore down (SECURITY.md)"
