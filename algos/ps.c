@@ -2,6 +2,7 @@
  * the others' config through the store), declare (placement, codecs),
  * stats, free. The exchanges live in ps_worker.c and ps_server.c. */
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,9 +140,20 @@ static terse_status check_config(terse_comm *comm, const terse_ps_config *c) {
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_create: lr %g must be >= 0 and momentum %g in [0, 1)",
                            (double)c->lr, (double)c->momentum);
-    if (!terse__ps_find_aggregator(c->aggregator))
-        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: unknown aggregator \"%s\" (mean)",
-                           c->aggregator);
+    const terse__ps_aggregator *agg = NULL;
+    terse__ps_agg_params ap;
+    if (terse__ps_parse_aggregator(c->aggregator, &agg, &ap) != TERSE_OK)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: %s", terse_last_error());
+    if (strcmp(agg->name, "mean") != 0 && c->mode != TERSE_PS_SYNC)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: aggregator \"%s\" combines the pushes of a step, so "
+                           "it needs sync mode (%s applies each push as it arrives)",
+                           c->aggregator, c->mode == TERSE_PS_ASYNC ? "async" : "ssp");
+    /* With a quorum a step closes on its first K pushes: those are what the
+     * aggregator gets. */
+    if (agg->check(&ap, c->quorum ? c->quorum : workers) != TERSE_OK)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: %s%s", terse_last_error(),
+                           c->quorum ? " (counting the quorum's pushes)" : "");
     return TERSE_OK;
 }
 
@@ -206,7 +218,6 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     snprintf(ps->aggregator_name, sizeof ps->aggregator_name, "%s",
              cfg->aggregator && *cfg->aggregator ? cfg->aggregator : "mean");
     ps->cfg.aggregator = ps->aggregator_name;
-    ps->agg = terse__ps_find_aggregator(ps->aggregator_name);
     ps->rule = terse__ps_rule(ps->cfg.update);
     ps->rank = comm->rank;
     ps->nranks = comm->nranks;
@@ -216,6 +227,9 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     ps->chunk_floats = ps->cfg.chunk_bytes / sizeof(float);
     ps->stats.size = sizeof ps->stats;
     terse_status s = TERSE_OK;
+    /* check_config parsed it (and refused specs the name buffer cannot hold) */
+    TERSE_CHECK_GOTO(terse__ps_parse_aggregator(ps->aggregator_name, &ps->agg, &ps->agg_params), s,
+                     fail);
     size_t S = (size_t)ps->nservers, N = (size_t)ps->nranks;
     ps->placed = calloc(S, sizeof *ps->placed);
     ps->seq = calloc(S, sizeof *ps->seq);
@@ -389,13 +403,18 @@ int terse_ps_chunk_server(const terse_ps *ps, size_t key, size_t chunk) {
 
 terse_status terse_ps_get_stats(const terse_ps *ps, terse_ps_stats *st) {
     if (!ps || !st) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_get_stats: NULL argument");
-    if (st->size < sizeof *st)
+    /* Fields are only appended: a caller built with an older header gets
+     * the fields it knows. */
+    const size_t first = offsetof(terse_ps_stats, refused_nonfinite);
+    if (st->size < first)
         return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_get_stats: stats size %zu < %zu", st->size,
-                           sizeof *st);
-    *st = ps->stats;
-    st->staleness_mean = ps->stats.pushes_applied
+                           first);
+    terse_ps_stats all = ps->stats;
+    all.size = st->size < sizeof all ? st->size : sizeof all;
+    all.staleness_mean = ps->stats.pushes_applied
                              ? (double)ps->staleness_sum / (double)ps->stats.pushes_applied
                              : 0.0;
+    memcpy(st, &all, all.size);
     return TERSE_OK;
 }
 

@@ -88,6 +88,7 @@ typedef struct terse__ps_shard {
     size_t *offs;       /* each chunk's offset in value[] */
     size_t nfloats;
     float *value, *mom; /* the aggregate or the parameters; momentum */
+    float *center;      /* the aggregator's (cclip: the last aggregate), or NULL */
     uint64_t version;   /* sync: steps closed; async/ssp: pushes applied */
     terse_codec **dec;  /* per chunk: decodes pushes */
     terse_codec **enc;  /* per chunk: encodes pulls (server-side error feedback) */
@@ -118,13 +119,52 @@ typedef struct terse__ps_key {
     terse__ps_shard *shard;
 } terse__ps_key;
 
-/* The aggregator and update-rule tables (ps_rules.c). */
+/* The aggregator table (ps_aggregate.c; the aggregators one family per
+ * file: ps_coordwise.c, ps_krum.c, ps_cclip.c). */
+#define TERSE__PS_AGG_SPEC_MAX 64
+typedef struct terse__ps_agg_params {
+    int b;      /* trimmed_mean: values dropped at each end (default 1) */
+    int f, m;   /* krum: Byzantine workers tolerated (1), pushes averaged (1) */
+    int iters;  /* cclip: clipping iterations (1) */
+    double tau; /* cclip: clipping radius (10) */
+} terse__ps_agg_params;
+
+/* out[0..n) from in[0..k)[0..n), the inputs in worker-rank order, all
+ * finite (the server leaves out pushes that are not). center (n floats,
+ * kept per shard across steps, zero at the first) is given to aggregators
+ * that declare needs_center, NULL to the rest. Fixed arithmetic order:
+ * the same inputs give the same bits. */
+typedef terse_status (*terse__ps_agg_fn)(const terse__ps_agg_params *p, const float *const *in,
+                                         size_t k, size_t n, float *out, float *center);
 typedef struct terse__ps_aggregator {
     const char *name;
-    /* out[0..n) from in[0..k)[0..n), the inputs in worker-rank order. */
-    terse_status (*aggregate)(const float *const *in, size_t k, size_t n, float *out);
+    const char *options; /* the option names, for error sentences */
+    terse__ps_agg_fn aggregate;
+    /* Refuse a configuration that cannot hold with this many pushes a step. */
+    terse_status (*check)(const terse__ps_agg_params *p, int workers);
+    int needs_center;
 } terse__ps_aggregator;
 
+terse_status terse__ps_parse_aggregator(const char *spec, const terse__ps_aggregator **agg,
+                                        terse__ps_agg_params *p);
+const terse__ps_aggregator *terse__ps_find_aggregator(const char *spec);
+const terse__ps_aggregator *terse__ps_find_aggregator_name(const char *name);
+size_t terse__ps_first_nonfinite(const float *x, size_t n);
+
+terse_status terse__ps_agg_mean(const terse__ps_agg_params *p, const float *const *in, size_t k,
+                                size_t n, float *out, float *center);
+terse_status terse__ps_agg_median(const terse__ps_agg_params *p, const float *const *in, size_t k,
+                                  size_t n, float *out, float *center);
+terse_status terse__ps_agg_trimmed_mean(const terse__ps_agg_params *p, const float *const *in,
+                                        size_t k, size_t n, float *out, float *center);
+terse_status terse__ps_agg_signvote(const terse__ps_agg_params *p, const float *const *in,
+                                    size_t k, size_t n, float *out, float *center);
+terse_status terse__ps_agg_krum(const terse__ps_agg_params *p, const float *const *in, size_t k,
+                                size_t n, float *out, float *center);
+terse_status terse__ps_agg_cclip(const terse__ps_agg_params *p, const float *const *in, size_t k,
+                                 size_t n, float *out, float *center);
+
+/* The update-rule table (ps_rules.c). */
 typedef struct terse__ps_update_rule {
     const char *name;
     /* Apply g (n floats) with weight w to the shard's value and momentum. */
@@ -132,7 +172,6 @@ typedef struct terse__ps_update_rule {
                   float w);
 } terse__ps_update_rule;
 
-const terse__ps_aggregator *terse__ps_find_aggregator(const char *name);
 const terse__ps_update_rule *terse__ps_rule(terse_ps_update u);
 
 /* Per-peer server state (ps_server.c). */
@@ -156,8 +195,9 @@ typedef struct terse__ps_peer {
 struct terse_ps {
     terse_comm *comm;
     terse_ps_config cfg;
-    char aggregator_name[32];
+    char aggregator_name[TERSE__PS_AGG_SPEC_MAX];
     const terse__ps_aggregator *agg;
+    terse__ps_agg_params agg_params;
     const terse__ps_update_rule *rule;
     int rank, nranks, nservers, nworkers, is_server;
     size_t chunk_floats;

@@ -38,14 +38,17 @@ enum { P_HDR, P_DATA, P_DRAIN, P_PARKED, P_REPLY, P_DONE };
 #define NAP_AFTER_NS 200000u
 
 /* Kinds of refusal, for counting and log-once. */
-enum { R_KEY, R_SIZE, R_STEP, R_CLOSED, R_ROLE, R_CORRUPT, R_STALE, R_LATE, R_TIMEOUT, R_LOST };
+enum {
+    R_KEY, R_SIZE, R_STEP, R_CLOSED, R_ROLE, R_CORRUPT, R_STALE, R_LATE, R_TIMEOUT, R_LOST,
+    R_NONFINITE
+};
 static const char *const kind_text[] = {"key",     "size",  "step",  "closed step",
                                         "role",    "corrupt", "stale", "late",
-                                        "timeout", "lost"};
+                                        "timeout", "lost",  "non-finite"};
 static const terse_status kind_status[] = {
     TERSE_ERR_INVALID, TERSE_ERR_SHAPE,   TERSE_ERR_INVALID, TERSE_ERR_STALE,
     TERSE_ERR_INVALID, TERSE_ERR_CORRUPT, TERSE_ERR_STALE,   TERSE_ERR_STALE,
-    TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST};
+    TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST, TERSE_ERR_CORRUPT};
 
 /* ---------------------------------------------------------------- shards */
 
@@ -97,7 +100,9 @@ terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *i
     sh->value = calloc(sh->nfloats, sizeof(float));
     if (ps->cfg.update == TERSE_PS_UPDATE_SGD && ps->cfg.momentum > 0.0f)
         sh->mom = calloc(sh->nfloats, sizeof(float));
-    if (!sh->value || (ps->cfg.update == TERSE_PS_UPDATE_SGD && ps->cfg.momentum > 0.0f && !sh->mom))
+    if (ps->agg->needs_center) sh->center = calloc(sh->nfloats, sizeof(float));
+    if (!sh->value || (ps->cfg.update == TERSE_PS_UPDATE_SGD && ps->cfg.momentum > 0.0f && !sh->mom) ||
+        (ps->agg->needs_center && !sh->center))
         return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory for %zu floats",
                            sh->nfloats);
     if (init)
@@ -127,7 +132,7 @@ void terse__ps_shard_free(terse_ps *ps, terse__ps_shard *sh) {
     if (sh->cur && sh->cur->refs == 0) blob_free(sh->cur);
     free(sh->chunks), free(sh->offs), free(sh->dec), free(sh->enc);
     free(sh->rx), free(sh->rx_cap), free(sh->got), free(sh->has);
-    free(sh->pushed), free(sh->pulled), free(sh->value), free(sh->mom);
+    free(sh->pushed), free(sh->pulled), free(sh->value), free(sh->mom), free(sh->center);
     free(sh);
 }
 
@@ -149,6 +154,7 @@ static void count(terse_ps *ps, int kind) {
     case R_CORRUPT: ps->stats.refused_corrupt++; break;
     case R_STALE: ps->stats.refused_stale++; break;
     case R_LATE: ps->stats.late_dropped++; break;
+    case R_NONFINITE: ps->stats.refused_nonfinite++; break;
     default: break;
     }
 }
@@ -335,15 +341,21 @@ static void quorum_log(terse_ps *ps, terse__ps_shard *sh, size_t key) {
     fflush(f);
 }
 
-/* Sync: aggregate the step's pushes in worker-rank order and apply. */
+/* Sync: aggregate the step's pushes in worker-rank order and apply.
+ * has[w] is 1 for a push that counts, 2 for one left out (non-finite):
+ * a step of left-out pushes only aggregates to zero. */
 static terse_status close_step(terse_ps *ps, size_t key) {
     terse__ps_shard *sh = ps->keys[key]->shard;
     size_t k = 0;
     for (int w = ps->nservers; w < ps->nranks; w++)
-        if (sh->has[w]) ps->inputs[k++] = sh->got[w];
-    if (!k) return TERSE_OK;
+        if (sh->has[w] == 1) ps->inputs[k++] = sh->got[w];
+    if (!sh->count) return TERSE_OK;
     uint64_t t0 = terse__now_ns();
-    TERSE_CHECK(ps->agg->aggregate(ps->inputs, k, sh->nfloats, ps->scratch));
+    if (k)
+        TERSE_CHECK(ps->agg->aggregate(&ps->agg_params, ps->inputs, k, sh->nfloats, ps->scratch,
+                                       sh->center));
+    else
+        memset(ps->scratch, 0, sh->nfloats * sizeof(float));
     ps->rule->apply(&ps->cfg, sh->value, sh->mom, ps->scratch, sh->nfloats, 1.0f);
     terse__comm_codec_time(ps->comm, t0);
     if (ps->cfg.quorum) quorum_log(ps, sh, key);
@@ -438,10 +450,16 @@ static terse_status handle_push(terse_ps *ps, int w) {
         if (s != TERSE_OK)
             return refuse(ps, w, R_CORRUPT, "key %zu's payload does not decode: %s", key,
                           terse_last_error());
-        sh->has[w] = 1;
+        size_t bad = terse__ps_first_nonfinite(sh->got[w], sh->nfloats);
+        sh->has[w] = bad < sh->nfloats ? 2 : 1; /* a left-out push still counts as pushed */
         sh->count++;
         uint64_t before = sh->version;
         TERSE_CHECK(maybe_close(ps, key));
+        if (bad < sh->nfloats)
+            return refuse(ps, w, R_NONFINITE,
+                          "key %zu's push for step %llu holds %g at element %zu of the server's "
+                          "part: it was left out of the step's aggregate",
+                          key, (unsigned long long)clock, (double)sh->got[w][bad], bad);
         if (then_pull) return handle_pull(ps, w);
         return send_reply(ps, w, TERSE_OK, before, NULL, 0, NULL);
     }
@@ -461,6 +479,12 @@ static terse_status handle_push(terse_ps *ps, int w) {
     if (s != TERSE_OK)
         return refuse(ps, w, R_CORRUPT, "key %zu's payload does not decode: %s", key,
                       terse_last_error());
+    size_t bad = terse__ps_first_nonfinite(ps->scratch, sh->nfloats);
+    if (bad < sh->nfloats)
+        return refuse(ps, w, R_NONFINITE,
+                      "key %zu's push holds %g at element %zu of the server's part: it was not "
+                      "applied",
+                      key, (double)ps->scratch[bad], bad);
     float weight = 1.0f / (float)ps->nworkers;
     if (ps->cfg.mode == TERSE_PS_ASYNC && ps->cfg.lr_scale && stale > 1) weight /= (float)stale;
     uint64_t t0 = terse__now_ns();

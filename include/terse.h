@@ -848,6 +848,36 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  *                    pull waits otherwise). ssp:0 is bulk synchronous.
  * async and ssp need update "sgd" (the server must hold the parameters).
  *
+ * Aggregators (terse_ps_config.aggregator, a spec; sync mode only, except
+ * "mean"): how the server combines the pushes of a step, in worker-rank
+ * order (the result does not depend on arrival order). Each refuses at
+ * terse_ps_create, with TERSE_ERR_INVALID and a sentence, a configuration
+ * that cannot hold for the number of workers (the quorum, if set):
+ *   "mean"               the average (default)
+ *   "median"             coordinate-wise median (mean of the two middle
+ *                        values for an even count)
+ *   "trimmed_mean:b=B"   coordinate-wise: drop the B largest and B smallest,
+ *                        average the rest; needs >= 2B+1 workers (B: 1)
+ *   "krum:f=F[,m=M]"     Krum (Blanchard et al. 2017): the push closest to
+ *                        its n-F-2 nearest others; with M > 1 Multi-Krum,
+ *                        the mean of the M best; needs n >= 2F+3 and
+ *                        M <= n-F (F: 1, M: 1)
+ *   "cclip:tau=T[,iters=L]"  centered clipping (Karimireddy, He and Jaggi
+ *                        2021): from the last step's aggregate v, L times
+ *                        v += mean_i (x_i - v) min(1, T/||x_i - v||) (T: 10,
+ *                        L: 1); meant for workers that push momentum
+ *   "signvote"           the sign of the majority of the pushes' signs (-1,
+ *                        0 on a tie, +1; signSGD with majority vote): the
+ *                        server's lr sets the step size
+ * A step that has fewer pushes than the aggregator was configured for (a
+ * worker lost or left out) shrinks B, F and M to what it can bear. Krum
+ * and cclip measure distances over the part of a key each server holds:
+ * with several servers they act per shard. A push holding a NaN or an
+ * infinity never reaches the parameters, whatever the aggregator: sync
+ * mode leaves it out of its step's aggregate (the step still closes), the
+ * others do not apply it; the worker's request fails with
+ * TERSE_ERR_CORRUPT naming the element, and refused_nonfinite counts it.
+ *
  * Steps. A worker's clock starts at 0; terse_ps_clock ends its step. Each
  * push carries the clock. In sync mode a worker pushes a key once per
  * step and pulls before its next push of it; a pull that returns a newer
@@ -907,7 +937,9 @@ typedef struct terse_ps_config {
     int lr_scale;          /* async: divide a push's step by its staleness */
     terse_ps_update update; /* default TERSE_PS_UPDATE_NONE */
     float lr, momentum;    /* TERSE_PS_UPDATE_SGD */
-    const char *aggregator; /* "mean" (default; the only one so far) */
+    const char *aggregator; /* "mean" (default), "median", "trimmed_mean:b=1",
+                             * "krum:f=1,m=1", "cclip:tau=10,iters=1",
+                             * "signvote": see Aggregators above */
 } terse_ps_config;
 
 #define TERSE_PS_CONFIG_INIT                                                      \
@@ -989,6 +1021,9 @@ typedef struct terse_ps_stats {
     uint64_t staleness_max;    /* async/ssp: largest staleness applied */
     double staleness_mean;
     uint64_t workers_lost;
+    /* server (appended in 0.2): pushes holding a NaN or an infinity, left
+     * out of their step's aggregate (sync) or not applied (async, ssp) */
+    uint64_t refused_nonfinite;
 } terse_ps_stats;
 
 TERSE_API terse_status terse_ps_get_stats(const terse_ps *ps, terse_ps_stats *stats);

@@ -64,6 +64,7 @@ static int abi(void)
     OFF(terse_ps_stats, refused_step); OFF(terse_ps_stats, refused_role);
     OFF(terse_ps_stats, refused_corrupt); OFF(terse_ps_stats, staleness_max);
     OFF(terse_ps_stats, staleness_mean); OFF(terse_ps_stats, workers_lost);
+    OFF(terse_ps_stats, refused_nonfinite);
     return fflush(stdout) == 0 ? 0 : 1;
 }
 

@@ -738,6 +738,11 @@ class PS(_Closing):
 
         ps = terse.PS(comm, num_servers=1, mode="sync", update="sgd", lr=0.1)
         ps.declare(0, n, push="int8:ef=1", init=x0)     # keys 0, 1, 2, ...
+
+    aggregator (sync mode) is "mean", "median", "trimmed_mean:b=B",
+    "krum:f=F,m=M", "cclip:tau=T,iters=L" or "signvote": how the server
+    combines a step's pushes, robust to Byzantine workers for all but mean
+    (include/terse.h, "Aggregators").
         if ps.is_server:
             ps.serve()                                  # until every worker finished
         else:

@@ -154,7 +154,8 @@ class PsStats(ctypes.Structure):
             "pushes", "pulls", "stale_refused", "pushes_applied", "steps_closed",
             "late_dropped", "refused_stale", "refused_key", "refused_step",
             "refused_role", "refused_corrupt", "staleness_max")
-    ] + [("staleness_mean", ctypes.c_double), ("workers_lost", ctypes.c_uint64)]
+    ] + [("staleness_mean", ctypes.c_double), ("workers_lost", ctypes.c_uint64),
+         ("refused_nonfinite", ctypes.c_uint64)]
 
 
 P = ctypes.POINTER
