@@ -140,3 +140,12 @@ size_t terse__ps_first_nonfinite(const float *x, size_t n) {
         if (!isfinite(x[i])) return i;
     return n;
 }
+
+terse_status terse_ps_aggregator_check(const char *spec, int workers) {
+    const terse__ps_aggregator *a = NULL;
+    terse__ps_agg_params p;
+    TERSE_CHECK(terse__ps_parse_aggregator(spec, &a, &p));
+    if (workers < 1)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_aggregator_check: %d workers", workers);
+    return a->check(&p, workers);
+}

@@ -48,7 +48,7 @@ static const char *const kind_text[] = {"key",     "size",  "step",  "closed ste
 static const terse_status kind_status[] = {
     TERSE_ERR_INVALID, TERSE_ERR_SHAPE,   TERSE_ERR_INVALID, TERSE_ERR_STALE,
     TERSE_ERR_INVALID, TERSE_ERR_CORRUPT, TERSE_ERR_STALE,   TERSE_ERR_STALE,
-    TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST, TERSE_ERR_CORRUPT};
+    TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST, TERSE_ERR_NONFINITE};
 
 /* ---------------------------------------------------------------- shards */
 

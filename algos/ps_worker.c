@@ -193,8 +193,12 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
     if (first >= 0) {
         /* A refusal concerns this request only: the conversation is intact. */
         *keep_usable = 1;
-        if (push && ps->cfg.mode == TERSE_PS_SYNC && ps->reps[first].status != TERSE_ERR_STALE)
-            atomic_store(&ps->step_refused, 1); /* the step stays open for it: push again */
+        /* A push dropped as late or stale, or left out as non-finite, went
+         * with its step; any other refusal leaves the step open for it. */
+        terse_status why = ps->reps[first].status;
+        if (push && ps->cfg.mode == TERSE_PS_SYNC && why != TERSE_ERR_STALE &&
+            why != TERSE_ERR_NONFINITE)
+            atomic_store(&ps->step_refused, 1); /* push again */
         return refused(ps, op, key, first, &ps->reps[first]);
     }
     if (pull) {

@@ -149,6 +149,31 @@ if run ps_async --mode ps:async --servers 2 --workers 3 --straggler 2:2 --moment
     expect_acc ps_async 60
 fi
 
+# 5c. Byzantine workers against a robust aggregator: 4 workers, the last
+#     signflipping at -4x. The mean ascends; the median does not.
+if run ps_median --mode ps:sync --workers 4 --byzantine 1:signflip --aggregator median \
+       --momentum-at local; then
+    expect_acc ps_median 60
+fi
+if run ps_flipped --mode ps:sync --workers 4 --byzantine 1:signflip --momentum-at local; then
+    acc=$(final_field "$tmp/ps_flipped.csv" 9)
+    awk -v a="$acc" 'BEGIN { exit !(a < 50) }' ||
+        bad "a -4x signflip against the mean left $acc% (expected the mean to collapse)"
+fi
+# 5d. The robust sweep, tiny: 72 runs, two tables of 6 attacks x 6
+#     aggregators, the checks, and the plot.
+if "$bench" train --robust-sweep --model softmax --epochs 1 --train-limit 4000 --test-limit 500 \
+       -q --plot "$tmp/robust.png" >"$tmp/robust.txt" 2>"$tmp/robust.err"; then
+    rows=$(grep -cE '^(none|signflip|noise|labelflip|alie|ipm) +[0-9]' "$tmp/robust.txt")
+    [[ $rows == 12 ]] || { bad "robust sweep: expected 12 rows, got $rows"; cat "$tmp/robust.txt"; }
+    [[ $(grep -c "^#   cclip: worst drop" "$tmp/robust.txt") == 2 ]] ||
+        bad "robust sweep: the checks are missing"
+    [[ -s "$tmp/robust.png" ]] || bad "robust sweep: no plot"
+else
+    bad "terse-bench train --robust-sweep exited non-zero"
+    cat "$tmp/robust.err"
+fi
+
 # 6. A tiny sweep over 3 seeds: every configuration gets a row, the plot is
 #    drawn, and a row's paired interval is what the same runs' CSV gives
 #    (the runs are deterministic) by hand: mean of (row - dense) per seed,
@@ -280,6 +305,15 @@ expect_fail 2 "too many runs" --sweep --seeds 100
 expect_fail 2 "quotes" --sweep --plot "it's.png"
 expect_fail 2 "needs --momentum-at local" --mask-momentum
 expect_fail 2 "drop --momentum-at" --sweep --momentum-at local
+expect_fail 2 "at most 1 of 2 workers" --mode ps:sync --byzantine 2:alie
+expect_fail 2 "expected K:ATTACK" --mode ps:sync --byzantine 1:bitflip
+expect_fail 2 "apply to --mode ps" --aggregator median
+expect_fail 2 "needs --workers 7" --robust-sweep --workers 4
+expect_fail 2 "drop --sweep, --aggregator" --robust-sweep --aggregator median
+expect_fail 2 "runs --mode ps:sync" --robust-sweep --mode ps:async
+expect_fail 2 "compressed half" --robust-sweep --codec dense
+expect_fail 2 "n >= 2f+3" --mode ps:sync --workers 4 --aggregator krum:f=1
+expect_fail 2 "unknown aggregator" --mode ps:sync --aggregator mode
 expect_fail 1 "dataset-fashion-mnist" --data "$tmp/nowhere" "${subset[@]}"
 "$bench" train --help >"$tmp/help" || bad "--help exited non-zero"
 grep -q -- "--sweep" "$tmp/help" || bad "--help does not document --sweep"

@@ -62,7 +62,9 @@ static void usage(FILE *f) {
 "  --momentum X          SGD momentum, PyTorch's form v = m v + g (0.9)\n"
 "  --momentum-at W       global (default): momentum on the averaged gradient,\n"
 "                        as PyTorch DDP does; local: each worker's momentum is\n"
-"                        what travels (EF-SGDM), synchronous mode only\n"
+"                        what travels (EF-SGDM), in allreduce mode and in ps\n"
+"                        mode (workers push their momentum; the server runs\n"
+"                        plain SGD), as robust aggregation wants (cclip)\n"
 "  --mask-momentum       with --momentum-at local: zero the momentum of every\n"
 "                        coordinate this worker just sent (DGC's masking);\n"
 "                        applies to tensors whose codec is topk or randk with\n"
@@ -81,7 +83,24 @@ static void usage(FILE *f) {
 "                        workers: a step closes on the first K pushes), async,\n"
 "                        async:max_staleness=S, ssp:S (stale synchronous)\n"
 "  --servers S           parameter-server ranks in ps mode (1)\n"
-"  --straggler W:F       worker index W computes F times slower (it sleeps\n"
+"  --aggregator SPEC     ps:sync: how the server combines a step's pushes: mean\n"
+"                        (default), median, trimmed_mean:b=B, krum:f=F[,m=M],\n"
+"                        cclip:tau=T[,iters=L], signvote (terse.h, Aggregators)\n"
+"  --byzantine K:ATTACK  ps mode: the last K workers (never worker 0) push an\n"
+"                        attack instead: signflip (the negated vector), noise\n"
+"                        (Gaussian, sd 1), labelflip (trained on labels 9-y),\n"
+"                        alie (mean - z sd of the honest vectors, Baruch et al.\n"
+"                        2019) or ipm (-0.1 x their mean, Xie et al. 2019);\n"
+"                        alie and ipm know the honest vectors, as in the papers:\n"
+"                        the attacker recomputes them (exact in ps:sync)\n"
+"  --robust-sweep        every attack (and none) against every aggregator\n"
+"                        (mean, median, trimmed_mean:b=2, krum:f=2,\n"
+"                        cclip:tau=10, signvote at lr x0.01), 2 Byzantine\n"
+"                        workers, dense and with --codec (default int8:ef=1):\n"
+"                        72 runs of --mode ps:sync, --workers 8 and\n"
+"                        --momentum-at local unless given; prints one table\n"
+"                        per codec and the checks, and draws terse-robust.png\n"
+"                        (--plot PATH)\n""  --straggler W:F       worker index W computes F times slower (it sleeps\n"
 "                        (F-1) x its compute time each step), in every mode\n"
 "  --dp clip=C,noise=S   clip each worker's update to L2 norm C, then add\n"
 "                        Gaussian noise of standard deviation S*C to every\n"
@@ -343,6 +362,10 @@ static train_run *add_run(train_options *o, const char *label, const char *spec,
         snprintf(r->codec, sizeof r->codec, "%s", spec);
     snprintf(r->label, sizeof r->label, "%s", label);
     r->ef = ef;
+    snprintf(r->aggregator, sizeof r->aggregator, "%s", o->aggregator);
+    r->byz_k = o->byz_k;
+    r->attack = o->byz_attack;
+    r->lr_factor = 1.0;
     return r;
 }
 
@@ -415,6 +438,25 @@ static void sweep_runs(train_options *o) {
     /* Fewer exchanges instead of (or as well as) smaller ones. */
     add_run(o, "local8 dense", TRAIN_DENSE, 0)->local_steps = 8;
     add_run(o, "local8 psgd r4", "powersgd:rank=4", 1)->local_steps = 8;
+}
+
+/* The robust sweep (--robust-sweep): every attack against every
+ * aggregator, dense and with one compressed codec. 72 configurations. */
+static void robust_sweep_runs(train_options *o, const char *codec) {
+    o->n_runs = 0;
+    for (int c = 0; c < 2; c++)
+        for (int a = ATTACK_NONE; a <= ATTACK_IPM; a++)
+            for (int g = 0; g < TRAIN_ROBUST_AGGREGATORS; g++) {
+                const char *spec = c ? codec : TRAIN_DENSE;
+                train_run *r = add_run(o, spec, spec, 0);
+                r->ef = strstr(spec, "ef=1") != NULL;
+                snprintf(r->aggregator, sizeof r->aggregator, "%s", train_robust_aggregators[g]);
+                r->attack = (train_attack)a;
+                r->byz_k = a == ATTACK_NONE ? 0 : TRAIN_ROBUST_BYZANTINE;
+                /* a sign step of lr moves every coordinate by lr */
+                if (!strcmp(train_robust_aggregators[g], "signvote"))
+                    r->lr_factor = TRAIN_ROBUST_SIGN_LR;
+            }
 }
 
 /* The CNN's sweep (--sweep --model cnn): a run costs about ten times an MLP
@@ -521,6 +563,7 @@ static int check_override(const train_options *o, const char *ov, char *names, s
 typedef struct {
     const char *codec;
     int have_codec, have_seeds, have_small_codec, have_schedule, have_lr;
+    int have_workers, have_mode, have_momentum_at;
     train_run adapt; /* --adapt, parsed */
 } parse_state;
 
@@ -529,7 +572,7 @@ static int takes_value(const char *a) {
     static const char *const names[] = {
         "--model", "-n", "--workers", "--epochs", "--batch", "--lr", "--momentum",
         "--momentum-at", "--schedule", "--warmup", "--seed", "--seeds", "--mode", "--dp", "--codec", "--codec-for",
-        "--small", "--small-codec", "--adapt", "--provider", "--servers", "--straggler", "--data", "--train-limit", "--test-limit",
+        "--small", "--small-codec", "--adapt", "--provider", "--servers", "--aggregator", "--byzantine", "--straggler", "--data", "--train-limit", "--test-limit",
         "--eval-every", "--target-acc", "--plot", "--results", NULL};
     for (size_t i = 0; names[i]; i++)
         if (strcmp(a, names[i]) == 0) return 1;
@@ -547,6 +590,7 @@ static int training_option(train_options *o, parse_state *ps, const char *a, con
         if (parse_int(v, 1, 256, &n) != 0)
             return usage_error("--workers '%s': expected an integer in [1, 256]", v);
         o->workers = (int)n;
+        ps->have_workers = 1;
     } else if (strcmp(a, "--epochs") == 0) {
         if (parse_int(v, 1, 1000, &n) != 0)
             return usage_error("--epochs '%s': expected an integer in [1, 1000]", v);
@@ -574,6 +618,7 @@ static int training_option(train_options *o, parse_state *ps, const char *a, con
         if (strcmp(v, "local") != 0 && strcmp(v, "global") != 0)
             return usage_error("--momentum-at '%s': expected local or global", v);
         o->local_momentum = strcmp(v, "local") == 0;
+        ps->have_momentum_at = 1;
     } else if (strcmp(a, "--seed") == 0) {
         if (parse_u64(v, &o->seed) != 0)
             return usage_error("--seed '%s': expected an unsigned 64-bit integer", v);
@@ -583,6 +628,7 @@ static int training_option(train_options *o, parse_state *ps, const char *a, con
         o->seeds = (int)n;
         ps->have_seeds = 1;
     } else if (strcmp(a, "--mode") == 0) {
+        ps->have_mode = 1;
         int rc = parse_mode(v, o);
         if (rc > 0) return rc;
         if (rc != 0)
@@ -602,6 +648,14 @@ static int training_option(train_options *o, parse_state *ps, const char *a, con
                                "factor in [1, 100] (e.g. 3:3)", v);
         o->straggler = (int)n;
         o->straggler_factor = f;
+    } else if (strcmp(a, "--aggregator") == 0) {
+        if (strlen(v) >= sizeof o->aggregator || !*v)
+            return usage_error("--aggregator '%s': expected a spec of 1 to 63 characters", v);
+        snprintf(o->aggregator, sizeof o->aggregator, "%s", v);
+    } else if (strcmp(a, "--byzantine") == 0) {
+        if (train_attack_parse(v, &o->byz_k, &o->byz_attack) != 0)
+            return usage_error("--byzantine '%s': expected K:ATTACK, K >= 1 workers and ATTACK "
+                               "one of signflip, noise, labelflip, alie, ipm", v);
     } else if (strcmp(a, "--dp") == 0) {
         if (parse_dp(v, o) != 0)
             return usage_error("--dp '%s': expected clip=C,noise=S with C > 0, S >= 0", v);
@@ -671,6 +725,8 @@ static int flag_option(train_options *o, const char *a) {
         o->sweep = 1;
     else if (strcmp(a, "--sweep-full") == 0)
         o->sweep = o->sweep_full = 1;
+    else if (strcmp(a, "--robust-sweep") == 0)
+        o->robust_sweep = 1;
     else if (strcmp(a, "--csv") == 0)
         o->csv = 1;
     else if (strcmp(a, "--json") == 0)
@@ -708,8 +764,19 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
                                  "--momentum-at and --mask-momentum");
     if (o->mask_momentum && !o->local_momentum)
         return usage_error("%s", "--mask-momentum needs --momentum-at local");
-    if (o->local_momentum && o->mode != TRAIN_MODE_ALLREDUCE)
-        return usage_error("%s", "--momentum-at local applies to --mode allreduce only");
+    if (o->local_momentum && o->mode == TRAIN_MODE_LOCALSGD)
+        return usage_error("%s", "--momentum-at local applies to --mode allreduce and ps only");
+    if (o->mask_momentum && o->mode == TRAIN_MODE_PS)
+        return usage_error("%s", "--mask-momentum applies to --mode allreduce only");
+    if ((o->aggregator[0] || o->byz_attack != ATTACK_NONE) && o->mode != TRAIN_MODE_PS)
+        return usage_error("%s", "--aggregator and --byzantine apply to --mode ps:... only");
+    if (o->byz_attack != ATTACK_NONE && o->byz_k >= o->workers) {
+        char why[128];
+        snprintf(why, sizeof why, "%d:%s: at most %d of %d workers", o->byz_k,
+                 train_attack_name(o->byz_attack), o->workers - 1, o->workers);
+        return usage_error("--byzantine %s (worker 0 stays honest: it takes the snapshots the "
+                           "evaluation reads)", why);
+    }
     if (o->plot && strpbrk(o->plot, "'\"\n\\"))
         return usage_error("--plot '%s': the path may not contain quotes, backslashes or "
                            "line breaks", o->plot);
@@ -720,6 +787,20 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
         return usage_error("%s", "--sweep chooses the codecs itself; drop --codec");
     if (o->sweep && o->mode != TRAIN_MODE_ALLREDUCE)
         return usage_error("%s", "--sweep sets the mode of each run; drop --mode");
+    if (o->aggregator[0] && terse_ps_aggregator_check(o->aggregator, o->workers) != TERSE_OK)
+        return usage_error("--aggregator: %s", terse_last_error());
+    if (o->robust_sweep && (o->sweep || o->aggregator[0] || o->byz_attack != ATTACK_NONE))
+        return usage_error("%s", "--robust-sweep runs every aggregator against every attack: "
+                                 "drop --sweep, --aggregator and --byzantine");
+    if (o->robust_sweep && (o->mode != TRAIN_MODE_PS || strcmp(o->ps_mode, "sync") != 0))
+        return usage_error("%s", "--robust-sweep runs --mode ps:sync (the aggregators combine "
+                                 "the pushes of a step)");
+    if (o->robust_sweep && o->workers < 7)
+        return usage_error("%s", "--robust-sweep has 2 Byzantine workers and Krum with f=2, "
+                                 "which needs --workers 7 or more");
+    if (o->robust_sweep && ps->have_codec && strcmp(ps->codec, TRAIN_DENSE) == 0)
+        return usage_error("%s", "--robust-sweep's --codec is its compressed half (dense runs "
+                                 "anyway): give a codec, e.g. int8:ef=1");
     if (o->servers && o->mode != TRAIN_MODE_PS)
         return usage_error("%s", "--servers applies to --mode ps:... only");
     if (o->straggler >= o->workers) {
@@ -730,9 +811,8 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
     if (o->straggler == 0 && o->mode == TRAIN_MODE_PS)
         return usage_error("%s", "--straggler 0: in ps mode worker 0 takes the snapshots the "
                                  "evaluation reads; make another worker the straggler");
-    if (o->mode == TRAIN_MODE_PS && (o->dp || o->local_momentum || o->n_overrides))
-        return usage_error("%s", "--mode ps:... takes neither --dp, --momentum-at local nor "
-                                 "--codec-for");
+    if (o->mode == TRAIN_MODE_PS && (o->dp || o->n_overrides))
+        return usage_error("%s", "--mode ps:... takes neither --dp nor --codec-for");
     if (o->mode == TRAIN_MODE_PS && ps->have_schedule && o->schedule != TRAIN_SCHED_NONE)
         return usage_error("%s", "--mode ps:... runs the server's constant learning rate: "
                                  "drop --schedule (or give --schedule none)");
@@ -742,14 +822,19 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
         return usage_error("%s", "--sweep-full is the MLP's; the cnn's sweep is --sweep");
     if (o->sweep && o->model == MODEL_SOFTMAX)
         return usage_error("%s", "--sweep trains the mlp or the cnn, not softmax");
-    if (o->plot && !o->sweep) return usage_error("%s", "--plot draws the sweep: add --sweep");
+    if (o->plot && !o->sweep && !o->robust_sweep)
+        return usage_error("%s", "--plot draws a sweep: add --sweep or --robust-sweep");
     return 0;
 }
 
 /* The list of runs (the sweep's, or the one --codec asks for), once per
  * seed, and, in the launcher, every codec spec tried before anything runs. */
 static int build_runs(train_options *o, const parse_state *ps) {
-    if (o->sweep) {
+    if (o->robust_sweep) {
+        robust_sweep_runs(o, ps->have_codec ? ps->codec : TRAIN_ROBUST_CODEC);
+        if (!o->plot) o->plot = "terse-robust.png";
+        if (!ps->have_seeds) o->seeds = 1;
+    } else if (o->sweep) {
         int cnn = o->model == MODEL_CNN;
         if (cnn)
             cnn_sweep_runs(o);
@@ -839,6 +924,14 @@ int train_parse_args(int argc, char **argv, train_options *o) {
         if (rc == -1) return usage_error("unknown option '%s'", a);
         if (rc != 0) return rc;
     }
+    if (o->robust_sweep) { /* its defaults: 8 workers, ps:sync, worker momentum */
+        if (!ps.have_workers) o->workers = 8;
+        if (!ps.have_mode) {
+            o->mode = TRAIN_MODE_PS;
+            snprintf(o->ps_mode, sizeof o->ps_mode, "sync");
+        }
+        if (!ps.have_momentum_at) o->local_momentum = 1;
+    }
     int rc = check_combinations(o, &ps);
     if (rc != 0) return rc;
     if (o->mode == TRAIN_MODE_PS) o->schedule = TRAIN_SCHED_NONE;
@@ -883,6 +976,7 @@ int train_launch(int argc, char **argv, const train_options *o) {
         failed = 1;
     }
     if (o->sweep && o->plot && train_plot(o, recs, n) != 0) failed = 1;
+    if (o->robust_sweep && o->plot && train_robust_plot(o, recs, n) != 0) failed = 1;
     free(recs);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, WHO ": cannot write the results\n");

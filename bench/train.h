@@ -141,6 +141,22 @@ void train_add_gaussian(float *x, size_t n, double sd, uint64_t *s);
 
 typedef enum { TRAIN_MODE_ALLREDUCE, TRAIN_MODE_LOCALSGD, TRAIN_MODE_PS } train_mode;
 
+/* --byzantine K:ATTACK (train_attack.c) */
+typedef enum {
+    ATTACK_NONE, ATTACK_SIGNFLIP, ATTACK_NOISE, ATTACK_LABELFLIP, ATTACK_ALIE, ATTACK_IPM
+} train_attack;
+int train_attack_parse(const char *text, int *k, train_attack *a);
+const char *train_attack_name(train_attack a);
+double train_alie_z(int workers, int byzantine);
+
+/* --robust-sweep (train_robust.c): its aggregators, Byzantine workers, the
+ * compressed codec unless --codec, and signvote's factor on --lr */
+#define TRAIN_ROBUST_AGGREGATORS 6
+extern const char *const train_robust_aggregators[TRAIN_ROBUST_AGGREGATORS];
+#define TRAIN_ROBUST_BYZANTINE 2
+#define TRAIN_ROBUST_CODEC "int8:ef=1"
+#define TRAIN_ROBUST_SIGN_LR 0.01
+
 /* The learning-rate schedule (--schedule): constant; linear warm-up then
  * cosine decay to zero; or linear warm-up then x0.1 at each milestone. */
 typedef enum { TRAIN_SCHED_NONE, TRAIN_SCHED_COSINE, TRAIN_SCHED_STEP } train_schedule;
@@ -164,6 +180,13 @@ typedef struct {
     char adapt_high[128];
     double adapt_eta;
     int adapt_every;       /* 0: a tenth of the run's steps */
+    /* ps mode: the servers' aggregator ("" = mean), the Byzantine workers
+     * and their attack, and a factor on --lr (the robust sweep's signvote
+     * rows: a sign step wants a smaller rate) */
+    char aggregator[64];
+    int byz_k;
+    train_attack attack;
+    double lr_factor;
 } train_run;
 
 typedef struct {
@@ -185,6 +208,10 @@ typedef struct {
     int local_steps;       /* H for localsgd:H */
     char ps_mode[64];      /* --mode ps:SPEC: SPEC (terse_ps_config_parse) */
     int servers;           /* --servers S: parameter-server ranks (1) */
+    char aggregator[64];   /* --aggregator SPEC: the servers' (ps mode; "" = mean) */
+    int byz_k;             /* --byzantine K:ATTACK: the last K workers attack */
+    train_attack byz_attack;
+    int robust_sweep;      /* --robust-sweep */
     int straggler;         /* --straggler W:F: worker index W is F times slower (-1: none) */
     double straggler_factor;
     int dp;                /* --dp given */
@@ -260,6 +287,10 @@ int train_processes(const train_options *o);
 int train_launch(int argc, char **argv, const train_options *o);
 void train_report(const train_options *o, const train_record *recs, int n);
 int train_plot(const train_options *o, const train_record *recs, int n);
+FILE *train_plot_open(char *gp, size_t gp_cap, char *script, size_t script_cap);
+int train_plot_close(const train_options *o, FILE *f, char *gp, char *script);
+void train_robust_report(const train_options *o, const train_record *recs, int n);
+int train_robust_plot(const train_options *o, const train_record *recs, int n);
 
 int bench_train_main(int argc, char **argv);
 

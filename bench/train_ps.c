@@ -23,7 +23,7 @@
 #include "train.h"
 #include "train_worker.h"
 
-enum { T_BYTES, T_COMPUTE, T_CODEC, T_NET, T_WALL, T_STALE, T_FIELDS };
+enum { T_BYTES, T_COMPUTE, T_CODEC, T_NET, T_WALL, T_STALE, T_NONFINITE, T_FIELDS };
 
 typedef struct {
     long step;
@@ -82,7 +82,16 @@ static double wire_sent(const worker *w) {
  * same way), so a step is one round trip to each server, not one per
  * tensor; flat holds the gradients going out and the parameters coming
  * back. */
-static int exchange_fused(worker *w, terse_ps *ps, model *m, float *flat, double *stale) {
+/* A push the server dropped as late or stale, or left out as non-finite
+ * (a model that diverged under an attack), is counted; the pull then
+ * brings the newer parameters. 1 if s was one of those. */
+static int dropped(terse_status s, double *sums) {
+    if (s == TERSE_ERR_STALE) sums[T_STALE] += 1;
+    if (s == TERSE_ERR_NONFINITE) sums[T_NONFINITE] += 1;
+    return s == TERSE_ERR_STALE || s == TERSE_ERR_NONFINITE;
+}
+
+static int exchange_fused(worker *w, terse_ps *ps, model *m, float *flat, double *sums) {
     size_t off = 0, nt = model_tensor_count(m);
     for (size_t i = 0; i < nt; i++) {
         const model_tensor *t = model_tensor_at(m, i);
@@ -90,10 +99,7 @@ static int exchange_fused(worker *w, terse_ps *ps, model *m, float *flat, double
         off += t->n;
     }
     terse_status s = terse_ps_pushpull(ps, 0, flat, NULL);
-    if (s == TERSE_ERR_STALE) {
-        *stale += 1;
-        s = terse_ps_pull(ps, 0, flat, NULL);
-    }
+    if (dropped(s, sums)) s = terse_ps_pull(ps, 0, flat, NULL);
     if (s != TERSE_OK) return train_fail(w, "terse_ps_pushpull", s);
     off = 0;
     for (size_t i = 0; i < nt; i++) {
@@ -104,7 +110,7 @@ static int exchange_fused(worker *w, terse_ps *ps, model *m, float *flat, double
     return 0;
 }
 
-static int exchange(worker *w, terse_ps *ps, model *m, double *stale) {
+static int exchange(worker *w, terse_ps *ps, model *m, double *sums) {
     terse_request *req[2 * MODEL_MAX_TENSORS] = {0};
     size_t nt = model_tensor_count(m);
     int rc = 0;
@@ -120,17 +126,24 @@ static int exchange(worker *w, terse_ps *ps, model *m, double *stale) {
         if (!req[i]) continue;
         terse_status s = terse_request_wait(req[i]);
         terse_request_free(req[i]);
-        if (s == TERSE_ERR_STALE && i < nt) {
-            *stale += 1;
-            continue;
-        }
+        if (i < nt && dropped(s, sums)) continue;
         if (s != TERSE_OK && rc == 0) rc = train_fail(w, i < nt ? "terse_ps_push" : "terse_ps_pull", s);
     }
     return rc;
 }
 
+/* --momentum-at local: what a worker pushes is its momentum, v = mu v + g
+ * (the server then runs plain SGD). */
+static void local_momentum(const train_options *o, run_state *r) {
+    for (size_t i = 0; i < model_tensor_count(r->m); i++) {
+        model_tensor *t = model_tensor_at(r->m, i);
+        const float mu = (float)o->momentum;
+        for (size_t j = 0; j < t->n; j++) t->grad[j] = r->velocity[i][j] = mu * r->velocity[i][j] + t->grad[j];
+    }
+}
+
 static int worker_train(worker *w, terse_ps *ps, run_state *r, snapshots *ss, double *sums,
-                        float *flat) {
+                        float *flat, train_attacker *att) {
     const train_options *o = w->o;
     model *m = r->m;
     size_t nt = model_tensor_count(m);
@@ -159,12 +172,14 @@ static int worker_train(worker *w, terse_ps *ps, run_state *r, snapshots *ss, do
         for (long k = 0; k < w->steps_per_epoch; k++) {
             double t0 = bench_now();
             train_fill_batch(w, &w->train, r->order, (size_t)k * o->batch, o->batch);
+            if (att && r->cfg->attack == ATTACK_LABELFLIP) train_flip_labels(w->y, o->batch);
             loss_sum += model_forward_backward(m, w->x, w->y, o->batch);
             loss_count += 1;
+            if (r->cfg->local_momentum) local_momentum(o, r);
+            if (att) train_attack_apply(w, r->cfg, att, m, e, k);
             train_straggle(w, t0);
             sums[T_COMPUTE] += bench_now() - t0;
-            int bad = flat ? exchange_fused(w, ps, m, flat, &sums[T_STALE])
-                           : exchange(w, ps, m, &sums[T_STALE]);
+            int bad = flat ? exchange_fused(w, ps, m, flat, sums) : exchange(w, ps, m, sums);
             if (bad) return -1;
             terse_status s = terse_ps_clock(ps);
             if (s != TERSE_OK) return train_fail(w, "terse_ps_clock", s);
@@ -223,7 +238,12 @@ static int evaluate_snapshots(worker *w, run_state *r, const snapshots *ss, cons
         rec.codec_s = max[T_CODEC];
         rec.network_s = max[T_NET];
         rec.wall_s = sn->wall_s;
-        snprintf(rec.label, sizeof rec.label, "ps:%.24s %.32s", w->o->ps_mode, r->cfg->label);
+        const train_run *c = r->cfg;
+        char attack[24] = "";
+        if (c->attack != ATTACK_NONE)
+            snprintf(attack, sizeof attack, " %d:%s", c->byz_k, train_attack_name(c->attack));
+        snprintf(rec.label, sizeof rec.label, "ps:%.16s %.20s%s %.16s", w->o->ps_mode,
+                 c->aggregator[0] ? c->aggregator : "mean", attack, c->label);
         if (!w->o->quiet)
             fprintf(stderr, WHO ": [%d/%zu] %s: epoch %d, step %ld/%ld: test %.2f%%, %.1f s\n",
                     r->index + 1, w->o->n_runs, rec.label, rec.epoch, rec.step, rec.steps_total,
@@ -249,11 +269,20 @@ static int run_one(worker *w, int index, int servers, int is_server) {
             rc = train_fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
         r.steps_total = w->steps_per_epoch * o->epochs;
     }
+    train_attacker *att = NULL;
+    if (rc == 0 && !is_server && train_is_byzantine(w, r.cfg) &&
+        !(att = train_attacker_create(w, r.cfg, r.m)))
+        rc = train_fail(w, "allocating the attack", TERSE_ERR_NOMEM);
+    for (size_t i = 0; rc == 0 && !is_server && r.cfg->local_momentum && i < model_tensor_count(r.m);
+         i++)
+        if (!(r.velocity[i] = calloc(model_tensor_at(r.m, i)->n, sizeof(float))))
+            rc = train_fail(w, "allocating the momentum", TERSE_ERR_NOMEM);
     terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
     cfg.num_servers = servers;
     cfg.update = TERSE_PS_UPDATE_SGD;
-    cfg.lr = (float)o->lr;
-    cfg.momentum = (float)o->momentum;
+    cfg.lr = (float)(o->lr * r.cfg->lr_factor);
+    cfg.momentum = r.cfg->local_momentum ? 0.0f : (float)o->momentum;
+    cfg.aggregator = r.cfg->aggregator[0] ? r.cfg->aggregator : NULL;
     terse_ps *ps = NULL;
     terse_status s = terse_ps_config_parse(o->ps_mode, &cfg);
     if (s == TERSE_OK) s = terse_ps_create(w->comm, &cfg, &ps);
@@ -290,7 +319,7 @@ static int run_one(worker *w, int index, int servers, int is_server) {
         s = terse_ps_serve(ps);
         if (s != TERSE_OK) rc = train_fail(w, "terse_ps_serve", s);
     } else if (rc == 0) {
-        rc = worker_train(w, ps, &r, &ss, mine, flat);
+        rc = worker_train(w, ps, &r, &ss, mine, flat, att);
         s = terse_ps_finish(ps);
         if (s != TERSE_OK && rc == 0) rc = train_fail(w, "terse_ps_finish", s);
     }
@@ -303,16 +332,21 @@ static int run_one(worker *w, int index, int servers, int is_server) {
         if (s != TERSE_OK) rc = train_fail(w, "gathering the tallies", s);
     }
     if (rc == 0 && !is_server && w->rank == 0) {
-        double max[T_FIELDS] = {0}, stale = 0;
+        double max[T_FIELDS] = {0}, stale = 0, nonfinite = 0;
         for (int k = servers; k < nranks; k++)
             for (int f = 0; f < T_FIELDS; f++) {
                 double v = all[k * T_FIELDS + f];
                 if (v > max[f]) max[f] = v;
                 if (f == T_STALE) stale += v;
+                if (f == T_NONFINITE) nonfinite += v;
             }
         if (!o->quiet && stale > 0)
             fprintf(stderr, WHO ": ps:%s: %.0f pushes were refused as late or stale and dropped\n",
                     o->ps_mode, stale);
+        if (!o->quiet && nonfinite > 0)
+            fprintf(stderr, WHO ": ps:%s %s: %.0f pushes held NaN or infinity (the model "
+                            "diverged) and the server left them out\n",
+                    o->ps_mode, r.cfg->label, nonfinite);
         rc = evaluate_snapshots(w, &r, &ss, max);
     }
     free(all);
@@ -320,6 +354,8 @@ static int run_one(worker *w, int index, int servers, int is_server) {
     for (size_t k = 0; k < ss.n; k++) free(ss.v[k].params);
     free(ss.v);
     terse_ps_free(ps);
+    train_attacker_free(att);
+    for (size_t i = 0; i < MODEL_MAX_TENSORS; i++) free(r.velocity[i]);
     model_free(r.m);
     free(r.order);
     return rc;

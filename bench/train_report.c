@@ -465,6 +465,8 @@ void train_report(const train_options *o, const train_record *recs, int n) {
         print_json(o, recs, n);
     else if (o->sweep)
         print_sweep_table(o, recs, n);
+    else if (o->robust_sweep)
+        train_robust_report(o, recs, n);
     else
         print_run_table(o, recs, n);
 }
@@ -480,23 +482,46 @@ static const char *model_title(model_kind kind) {
     }
 }
 
-int train_plot(const train_options *o, const train_record *recs, int n) {
-    char gp[4096];
-    if (bench_find_program("GNUPLOT", NULL, "gnuplot", gp, sizeof gp) != 0) {
+/* A gnuplot script in a temporary file: open it (NULL, said why, when
+ * gnuplot or the file cannot be had), then close and run it. */
+FILE *train_plot_open(char *gp, size_t gp_cap, char *script, size_t script_cap) {
+    if (bench_find_program("GNUPLOT", NULL, "gnuplot", gp, gp_cap) != 0) {
         fprintf(stderr, WHO ": gnuplot not found (apt-get install gnuplot-nox); no plot drawn\n");
-        return -1;
+        return NULL;
     }
-    char script[4096];
-    if (bench_temp_file("plot", script, sizeof script) != 0) {
+    if (bench_temp_file("plot", script, script_cap) != 0) {
         fprintf(stderr, WHO ": cannot create a temporary file for the plot\n");
-        return -1;
+        return NULL;
     }
     FILE *f = fopen(script, "w");
     if (!f) {
         unlink(script);
         fprintf(stderr, WHO ": cannot write %s\n", script);
+    }
+    return f;
+}
+
+int train_plot_close(const train_options *o, FILE *f, char *gp, char *script) {
+    if (fclose(f) != 0) {
+        unlink(script);
+        fprintf(stderr, WHO ": cannot write %s\n", script);
         return -1;
     }
+    char *argv[] = {gp, script, NULL};
+    int rc = bench_run_child(argv);
+    unlink(script);
+    if (rc != 0) {
+        fprintf(stderr, WHO ": gnuplot failed (exit status %d); no plot drawn\n", rc);
+        return -1;
+    }
+    if (!o->quiet) fprintf(stderr, WHO ": plot written to %s\n", o->plot);
+    return 0;
+}
+
+int train_plot(const train_options *o, const train_record *recs, int n) {
+    char gp[4096], script[4096];
+    FILE *f = train_plot_open(gp, sizeof gp, script, sizeof script);
+    if (!f) return -1;
     group_sum dense;
     summarize(o, recs, n, 0, &dense);
     /* One data block per series: error feedback or not; group means. */
@@ -550,18 +575,5 @@ int train_plot(const train_options *o, const train_record *recs, int n) {
                "tc rgb '#1f618d' notitle, \\\n"
                "     $S2 using 1:2:5 with labels right offset char -1,0.8 font ',8' "
                "tc rgb '#1e8449' notitle\n");
-    if (fclose(f) != 0) {
-        unlink(script);
-        fprintf(stderr, WHO ": cannot write %s\n", script);
-        return -1;
-    }
-    char *argv[] = {gp, script, NULL};
-    int rc = bench_run_child(argv);
-    unlink(script);
-    if (rc != 0) {
-        fprintf(stderr, WHO ": gnuplot failed (exit status %d); no plot drawn\n", rc);
-        return -1;
-    }
-    if (!o->quiet) fprintf(stderr, WHO ": plot written to %s\n", o->plot);
-    return 0;
+    return train_plot_close(o, f, gp, script);
 }

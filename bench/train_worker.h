@@ -72,6 +72,15 @@ typedef struct {
 } run_state;
 
 int train_fail(const worker *w, const char *what, terse_status s);
+
+/* Byzantine workers (train_attack.c) */
+typedef struct train_attacker train_attacker;
+int train_is_byzantine(const worker *w, const train_run *cfg);
+void train_flip_labels(uint8_t *y, size_t b);
+train_attacker *train_attacker_create(worker *w, const train_run *cfg, model *m);
+void train_attacker_free(train_attacker *a);
+void train_attack_apply(worker *w, const train_run *cfg, train_attacker *a, model *m, int e,
+                        long k);
 int train_load_data(worker *w);
 void train_fill_batch(worker *w, const dataset *d, const size_t *idx, size_t first, size_t b);
 const char *train_spec_for(const worker *w, const run_state *r, const model_tensor *t);

@@ -83,7 +83,8 @@ TERSE_API const char *terse_version_string(void);
     X(TERSE_ERR_AUTH, 17, "authentication failed")                             \
     X(TERSE_ERR_IO, 18, "input/output error")                                 \
     X(TERSE_ERR_ABORTED, 19, "the communicator was aborted")                  \
-    X(TERSE_ERR_STALE, 20, "a parameter-server push came too late or too stale")
+    X(TERSE_ERR_STALE, 20, "a parameter-server push came too late or too stale")      \
+    X(TERSE_ERR_NONFINITE, 21, "a value is NaN or infinite")
 
 typedef enum terse_status {
 #define TERSE_STATUS_ENUM_(name, value, text) name = value,
@@ -874,17 +875,18 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * and cclip measure distances over the part of a key each server holds:
  * with several servers they act per shard. A push holding a NaN or an
  * infinity never reaches the parameters, whatever the aggregator: sync
- * mode leaves it out of its step's aggregate (the step still closes), the
- * others do not apply it; the worker's request fails with
- * TERSE_ERR_CORRUPT naming the element, and refused_nonfinite counts it.
+ * mode leaves it out of its step's aggregate (the step still closes, and
+ * the worker's clock moves on as after TERSE_ERR_STALE), the others do
+ * not apply it; the worker's request fails with TERSE_ERR_NONFINITE
+ * naming the element, and refused_nonfinite counts it.
  *
  * Steps. A worker's clock starts at 0; terse_ps_clock ends its step. Each
  * push carries the clock. In sync mode a worker pushes a key once per
  * step and pulls before its next push of it; a pull that returns a newer
  * version than the worker's step (it fell behind a quorum) moves its next
  * clock to that version; after a push refused for any reason but
- * TERSE_ERR_STALE, terse_ps_clock keeps the worker at the same step so it
- * can push again. A key held by several servers is pushed to each: a
+ * TERSE_ERR_STALE or TERSE_ERR_NONFINITE, terse_ps_clock keeps the worker
+ * at the same step so it can push again. A key held by several servers is pushed to each: a
  * refusal by one does not undo what another applied.
  *
  * Failure. A refusal by the server -- unknown key, wrong size, a
@@ -951,6 +953,12 @@ typedef struct terse_ps_config {
  * "ssp:2"); other fields are kept. A bad spec fails with TERSE_ERR_INVALID
  * naming the token. */
 TERSE_API terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg);
+
+/* Check an aggregator spec (terse_ps_config.aggregator; NULL is "mean")
+ * for steps of `workers` pushes (the workers, or the quorum if one is
+ * set): TERSE_OK, or TERSE_ERR_INVALID with the sentence terse_ps_create
+ * would give (a bad token, or a configuration that cannot hold). Local. */
+TERSE_API terse_status terse_ps_aggregator_check(const char *spec, int workers);
 
 /* Create on every rank of comm (collective: checks the config agrees).
  * On failure *out is NULL. */

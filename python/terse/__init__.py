@@ -730,6 +730,14 @@ class _Group:
 
 # ---------------------------------------------------------------- parameter server
 
+def ps_aggregator_check(spec, workers):
+    """Check a parameter-server aggregator spec ("median", "krum:f=2", ...)
+    for steps of `workers` pushes, as terse.PS would; raises terse.Error
+    (ERR_INVALID) with the library's sentence if it cannot hold."""
+    _call("terse.ps_aggregator_check", _lib.terse_ps_aggregator_check,
+          _spec(spec, "aggregator"), int(workers))
+
+
 class PS(_Closing):
     """A parameter server over a Comm (terse_ps_*; include/terse.h and
     docs/ps.md have the contract). Ranks [0, num_servers) serve; the others

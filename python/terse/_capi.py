@@ -214,6 +214,7 @@ PROTOTYPES = {
     "terse_comm_reset_stats": (None, [handle]),
     # parameter server
     "terse_ps_config_parse": (status, [_str, P(PsConfig)]),
+    "terse_ps_aggregator_check": (status, [_str, ctypes.c_int]),
     "terse_ps_create": (status, [handle, P(PsConfig), P(handle)]),
     "terse_ps_is_server": (_int, [handle]),
     "terse_ps_declare": (status, [handle, _sz, _sz, _str, _str, _vp]),

@@ -175,3 +175,15 @@ def test_parameter_server_from_python(ranks, provider):
         assert "key 7 is not declared" in w["badkey"]
     assert w1["digest"] == w2["digest"]     # sync: bitwise identical on every worker
     assert srv["applied"] == 8 and srv["closed"] == 4
+
+
+def test_ps_aggregator_check_names_what_cannot_hold():
+    terse.ps_aggregator_check("median", 1)
+    terse.ps_aggregator_check("krum:f=2,m=3", 7)
+    with pytest.raises(terse.Error) as e:
+        terse.ps_aggregator_check("krum:f=2", 6)
+    assert e.value.status == terse.ERR_INVALID and "2f+3 = 7" in e.value.detail
+    with pytest.raises(terse.Error) as e:
+        terse.ps_aggregator_check("cclip:tau=-1", 8)
+    assert "tau=-1" in e.value.detail
+    assert terse.ERR_NONFINITE == 21
