@@ -61,6 +61,8 @@ terse_status terse__ps_agg_krum(const terse__ps_agg_params *p, const float *cons
     size_t m = (size_t)p->m;
     if (m > k - f) m = k - f;
 
+    if (k > (size_t)1 << 16) /* k is the worker count: k * k doubles stay small */
+        return TERSE_ERROR(TERSE_ERR_UNSUPPORTED, "krum over %zu pushes (at most 65536)", k);
     double *d = malloc(k * k * sizeof *d), *row = malloc(k * sizeof *row),
            *score = malloc(k * sizeof *score);
     unsigned char *chosen = calloc(k, 1);

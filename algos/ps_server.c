@@ -333,7 +333,7 @@ static void quorum_log(terse_ps *ps, terse__ps_shard *sh, size_t key) {
     fprintf(f, "%d %zu %llu ", ps->rank, key, (unsigned long long)sh->version);
     int first = 1;
     for (int w = ps->nservers; w < ps->nranks; w++)
-        if (sh->has[w]) {
+        if (sh->has[w] == 1) { /* the pushes aggregated (2: left out, non-finite) */
             fprintf(f, "%s%d", first ? "" : ",", w);
             first = 0;
         }
@@ -480,11 +480,16 @@ static terse_status handle_push(terse_ps *ps, int w) {
         return refuse(ps, w, R_CORRUPT, "key %zu's payload does not decode: %s", key,
                       terse_last_error());
     size_t bad = terse__ps_first_nonfinite(ps->scratch, sh->nfloats);
-    if (bad < sh->nfloats)
+    if (bad < sh->nfloats) {
+        /* Not applied, but this clock is over for w (its clock moves on):
+         * ssp's slowest-worker bound must not wait for it. */
+        if (clock + 1 > sh->pushed[w]) sh->pushed[w] = clock + 1;
+        if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(wake(ps, key));
         return refuse(ps, w, R_NONFINITE,
                       "key %zu's push holds %g at element %zu of the server's part: it was not "
                       "applied",
                       key, (double)ps->scratch[bad], bad);
+    }
     float weight = 1.0f / (float)ps->nworkers;
     if (ps->cfg.mode == TERSE_PS_ASYNC && ps->cfg.lr_scale && stale > 1) weight /= (float)stale;
     uint64_t t0 = terse__now_ns();

@@ -195,9 +195,12 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
         *keep_usable = 1;
         /* A push dropped as late or stale, or left out as non-finite, went
          * with its step; any other refusal leaves the step open for it. */
-        terse_status why = ps->reps[first].status;
-        if (push && ps->cfg.mode == TERSE_PS_SYNC && why != TERSE_ERR_STALE &&
-            why != TERSE_ERR_NONFINITE)
+        int again = 0; /* any server whose step waits for this worker */
+        for (int s = 0; s < S; s++) {
+            terse_status why = need[s] ? ps->reps[s].status : TERSE_OK;
+            again |= why != TERSE_OK && why != TERSE_ERR_STALE && why != TERSE_ERR_NONFINITE;
+        }
+        if (push && ps->cfg.mode == TERSE_PS_SYNC && again)
             atomic_store(&ps->step_refused, 1); /* push again */
         return refused(ps, op, key, first, &ps->reps[first]);
     }

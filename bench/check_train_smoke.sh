@@ -307,6 +307,7 @@ expect_fail 2 "needs --momentum-at local" --mask-momentum
 expect_fail 2 "drop --momentum-at" --sweep --momentum-at local
 expect_fail 2 "at most 1 of 2 workers" --mode ps:sync --byzantine 2:alie
 expect_fail 2 "expected K:ATTACK" --mode ps:sync --byzantine 1:bitflip
+expect_fail 2 "at most half" --mode ps:sync --workers 5 --byzantine 3:alie
 expect_fail 2 "apply to --mode ps" --aggregator median
 expect_fail 2 "needs --workers 7" --robust-sweep --workers 4
 expect_fail 2 "drop --sweep, --aggregator" --robust-sweep --aggregator median

@@ -87,20 +87,22 @@ static void usage(FILE *f) {
 "                        (default), median, trimmed_mean:b=B, krum:f=F[,m=M],\n"
 "                        cclip:tau=T[,iters=L], signvote (terse.h, Aggregators)\n"
 "  --byzantine K:ATTACK  ps mode: the last K workers (never worker 0) push an\n"
-"                        attack instead: signflip (the negated vector), noise\n"
-"                        (Gaussian, sd 1), labelflip (trained on labels 9-y),\n"
+"                        attack instead: signflip (-4x the honest vector),\n"
+"                        noise (Gaussian of variance 200), labelflip (trained\n"
+"                        on labels 9-y),\n"
 "                        alie (mean - z sd of the honest vectors, Baruch et al.\n"
 "                        2019) or ipm (-0.1 x their mean, Xie et al. 2019);\n"
 "                        alie and ipm know the honest vectors, as in the papers:\n"
 "                        the attacker recomputes them (exact in ps:sync)\n"
 "  --robust-sweep        every attack (and none) against every aggregator\n"
 "                        (mean, median, trimmed_mean:b=2, krum:f=2,\n"
-"                        cclip:tau=10, signvote at lr x0.01), 2 Byzantine\n"
-"                        workers, dense and with --codec (default int8:ef=1):\n"
-"                        72 runs of --mode ps:sync, --workers 8 and\n"
-"                        --momentum-at local unless given; prints one table\n"
-"                        per codec and the checks, and draws terse-robust.png\n"
-"                        (--plot PATH)\n""  --straggler W:F       worker index W computes F times slower (it sleeps\n"
+"                        cclip:tau=3,iters=3, signvote at lr x0.01), 2\n"
+"                        Byzantine workers, dense and with --codec (default\n"
+"                        int8:ef=1): 72 runs of --mode ps:sync, --workers 8\n"
+"                        and --momentum-at local unless given; prints one\n"
+"                        table per codec and the checks, and draws\n"
+"                        terse-robust.png (--plot PATH)\n"
+"  --straggler W:F       worker index W computes F times slower (it sleeps\n"
 "                        (F-1) x its compute time each step), in every mode\n"
 "  --dp clip=C,noise=S   clip each worker's update to L2 norm C, then add\n"
 "                        Gaussian noise of standard deviation S*C to every\n"
@@ -789,6 +791,12 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
         return usage_error("%s", "--sweep sets the mode of each run; drop --mode");
     if (o->aggregator[0] && terse_ps_aggregator_check(o->aggregator, o->workers) != TERSE_OK)
         return usage_error("--aggregator: %s", terse_last_error());
+    if (o->byz_attack == ATTACK_ALIE && o->byz_k > o->workers / 2) {
+        char why[96];
+        snprintf(why, sizeof why, "%d:alie with %d workers", o->byz_k, o->workers);
+        return usage_error("--byzantine %s: ALIE's z needs the attackers to be at most half "
+                           "the workers (s = n/2 + 1 - K >= 1)", why);
+    }
     if (o->robust_sweep && (o->sweep || o->aggregator[0] || o->byz_attack != ATTACK_NONE))
         return usage_error("%s", "--robust-sweep runs every aggregator against every attack: "
                                  "drop --sweep, --aggregator and --byzantine");

@@ -117,7 +117,7 @@ train_attacker *train_attacker_create(worker *w, const train_run *cfg, model *m)
     a->sq = malloc(a->total * sizeof *a->sq);
     a->mom = calloc((size_t)a->honest, sizeof *a->mom);
     int bad = !a->shard || !a->order || !a->sum || !a->sq || !a->mom;
-    for (int j = 0; !bad && w->o->local_momentum && j < a->honest; j++)
+    for (int j = 0; !bad && cfg->local_momentum && j < a->honest; j++)
         bad = !(a->mom[j] = calloc(a->total, sizeof(float)));
     if (bad) {
         train_attacker_free(a);

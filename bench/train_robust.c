@@ -14,7 +14,7 @@
 #include "train_worker.h"
 
 const char *const train_robust_aggregators[TRAIN_ROBUST_AGGREGATORS] = {
-    "mean", "median", "trimmed_mean:b=2", "krum:f=2", "cclip:tau=10", "signvote"};
+    "mean", "median", "trimmed_mean:b=2", "krum:f=2", "cclip:tau=3,iters=3", "signvote"};
 
 #define ATTACKS (ATTACK_IPM + 1)
 #define CELLS (2 * ATTACKS * TRAIN_ROBUST_AGGREGATORS)
@@ -77,16 +77,21 @@ static void print_checks(const double *acc, int c) {
 void train_robust_report(const train_options *o, const train_record *recs, int n) {
     double acc[CELLS];
     cell_means(o, recs, n, acc);
-    printf("# terse-bench train --robust-sweep: %s, %d workers (%d Byzantine: the last), 1 "
-           "server, ps:sync, batch %zu, %d epoch%s, lr %g constant (signvote: x%g), momentum "
+    int servers = o->servers ? o->servers : 1;
+    printf("# terse-bench train --robust-sweep: %s, %d workers (%d Byzantine: the last), %d "
+           "server%s, ps:sync, batch %zu, %d epoch%s, lr %g constant (signvote: x%g), momentum "
            "%g %s, %d seed%s from %llu\n",
-           model_kind_name(o->model), o->workers, TRAIN_ROBUST_BYZANTINE, o->batch, o->epochs,
+           model_kind_name(o->model), o->workers, TRAIN_ROBUST_BYZANTINE, servers,
+           servers == 1 ? "" : "s", o->batch, o->epochs,
            o->epochs == 1 ? "" : "s", o->lr, TRAIN_ROBUST_SIGN_LR, o->momentum,
            o->local_momentum ? "on each worker (what it pushes)" : "on the server", o->seeds,
            o->seeds == 1 ? "" : "s", (unsigned long long)o->seed);
     printf("# attacks: signflip -4x, noise N(0, 200), labelflip 9-y, alie z=%.3f, ipm eps 0.1; "
            "test accuracy (%%) of the final parameters, mean over seeds\n",
            train_alie_z(o->workers, TRAIN_ROBUST_BYZANTINE));
+    printf("# dense runs push the model as one key; compressed runs one key per tensor (each "
+           "with its codec; tensors under --small dense), so there Krum picks and cclip clips "
+           "per tensor\n");
     for (int c = 0; c < 2; c++) {
         printf("\n# pushes: %s\n%-10s", codec_name(o, c), "attack");
         for (int g = 0; g < TRAIN_ROBUST_AGGREGATORS; g++)

@@ -446,6 +446,60 @@ Test(ps, ssp_pull_waits_for_the_slowest_within_the_bound) {
     tr_release(o);
 }
 
+/* ssp:0 with a worker whose push at clock 1 holds an infinity: the push is
+ * not applied, its clock moves on, and nobody waits for it to the timeout
+ * (the bound counts the refused clock as pushed). */
+static int ssp_nonfinite_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    cfg.update = TERSE_PS_UPDATE_SGD;
+    cfg.lr = 0.5f;
+    TR_CALL(o, terse_ps_config_parse("ssp:0", &cfg));
+    terse_ps *ps = NULL;
+    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
+    int rank = terse_comm_rank(c);
+    if (terse_ps_is_server(ps)) {
+        TR_CALL(o, terse_ps_serve(ps));
+        terse_ps_stats st;
+        memset(&st, 0, sizeof st);
+        st.size = sizeof st;
+        terse_ps_get_stats(ps, &st);
+        o->u[0] = st.refused_nonfinite, o->u[1] = st.pushes_applied;
+        terse_ps_free(ps);
+        return 0;
+    }
+    float buf[QN];
+    double t0 = tr_now_ms();
+    for (int t = 0; t < 3; t++) {
+        for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, t, 0, i);
+        if (rank == 2 && t == 1) buf[5] = INFINITY;
+        o->u[10 + t] = (uint64_t)terse_ps_push(ps, 0, buf, NULL);
+        TR_CALL(o, terse_ps_pull(ps, 0, buf, NULL));
+        TR_CALL(o, terse_ps_clock(ps));
+    }
+    o->val[0] = tr_now_ms() - t0;
+    for (size_t i = 0; i < QN; i++)
+        if (!isfinite(buf[i])) o->u[20] = 1;
+    TR_CALL(o, terse_ps_finish(ps));
+    terse_ps_free(ps);
+    return 0;
+}
+
+Test(ps, ssp_a_nonfinite_push_is_not_applied_and_holds_nobody) {
+    tr_job job = {"shm", 3, 20000, 60, -1, NULL};
+    tr_out *o = tr_run(&job, ssp_nonfinite_body, NULL);
+    cr_assert_eq(o[2].u[11], TERSE_ERR_NONFINITE, "%s", o[2].err);
+    cr_assert_eq(o[0].u[0], 1);
+    cr_assert_eq(o[0].u[1], 5, "applied %llu", (unsigned long long)o[0].u[1]);
+    for (int w = 1; w <= 2; w++) {
+        cr_assert_eq(o[w].u[20], 0, "rank %d pulled a non-finite value", w);
+        cr_assert_lt(o[w].val[0], 10000.0, "rank %d took %.0f ms: it waited for the refused clock",
+                     w, o[w].val[0]);
+    }
+    tr_release(o);
+}
+
 /* ---------------------------------------------------------------- placement */
 
 /* Placement is a pure function: build it on a bare terse_ps. */
