@@ -122,7 +122,10 @@ typedef struct terse__ps_key {
 /* The aggregator table (ps_aggregate.c; the aggregators one family per
  * file: ps_coordwise.c, ps_krum.c, ps_cclip.c). */
 #define TERSE__PS_AGG_SPEC_MAX 64
+typedef struct terse_ps_aggregator_ops terse_ps_aggregator_ops;
 typedef struct terse__ps_agg_params {
+    const terse_ps_aggregator_ops *plugin; /* a registered aggregator's table, or NULL */
+    char options[TERSE__PS_AGG_SPEC_MAX];  /* the spec after its ':' (plugins read it) */
     int b;      /* trimmed_mean: values dropped at each end (default 1) */
     int f, m;   /* krum: Byzantine workers tolerated (1), pushes averaged (1) */
     int iters;  /* cclip: clipping iterations (1) */

@@ -3,15 +3,21 @@
  * "krum:f=2,m=3", "cclip:tau=10,iters=3", "signvote"). The aggregators
  * live one family per file: coordinate-wise (ps_coordwise.c), Krum
  * (ps_krum.c), centered clipping (ps_cclip.c). Each states what it needs
- * of the worker count and refuses a configuration that cannot hold. */
+ * of the worker count and refuses a configuration that cannot hold. Users
+ * add their own through terse_ps_register_aggregator (terse_plugin.h):
+ * those entries call the plugin's table through the two trampolines
+ * below, with the spec's options as text. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "algos/ps.h"
 #include "common/error.h"
+#include "terse_plugin.h"
 
 static terse_status need_any(const terse__ps_agg_params *p, int workers) {
     (void)p, (void)workers;
@@ -38,6 +44,32 @@ static terse_status need_krum(const terse__ps_agg_params *p, int workers) {
                            "aggregator krum:f=%d,m=%d averages the m best-scored pushes, and m "
                            "must be at most n - f = %d (%d workers)",
                            p->f, p->m, workers - p->f, workers);
+    return TERSE_OK;
+}
+
+/* Plugins: entries are only ever added, so a pointer to one stays valid. */
+#define MAX_PLUGINS 32
+static pthread_mutex_t plugins_lock = PTHREAD_MUTEX_INITIALIZER;
+static terse_ps_aggregator_ops plugin_ops[MAX_PLUGINS];
+static terse__ps_aggregator plugin_entry[MAX_PLUGINS];
+static size_t nplugins;
+
+static terse_status plugin_aggregate(const terse__ps_agg_params *p, const float *const *in,
+                                     size_t k, size_t n, float *out, float *center) {
+    const terse_ps_aggregator_ops *o = p->plugin;
+    terse_status st = o->aggregate(p->options, in, k, n, out, center, o->user);
+    if (st != TERSE_OK)
+        return TERSE_ERROR(st, "aggregator %s failed over %zu pushes of %zu floats: %s", o->name, k,
+                           n, terse_last_error());
+    return TERSE_OK;
+}
+
+static terse_status plugin_check(const terse__ps_agg_params *p, int workers) {
+    const terse_ps_aggregator_ops *o = p->plugin;
+    if (o->check) return o->check(p->options, workers, o->user);
+    if (p->options[0])
+        return TERSE_ERROR(TERSE_ERR_INVALID, "aggregator %s takes no options (\"%s\" given)",
+                           o->name, p->options);
     return TERSE_OK;
 }
 
@@ -91,7 +123,67 @@ static terse_status parse_option(const char *spec, const char *name, const char 
 const terse__ps_aggregator *terse__ps_find_aggregator_name(const char *name) {
     for (size_t i = 0; i < sizeof table / sizeof *table; i++)
         if (!strcmp(table[i].name, name)) return &table[i];
-    return NULL;
+    const terse__ps_aggregator *found = NULL;
+    pthread_mutex_lock(&plugins_lock);
+    for (size_t i = 0; i < nplugins && !found; i++)
+        if (!strcmp(plugin_entry[i].name, name)) found = &plugin_entry[i];
+    pthread_mutex_unlock(&plugins_lock);
+    return found;
+}
+
+static int valid_name(const char *name) {
+    size_t n = strlen(name);
+    if (n == 0 || n > 31) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') ||
+              name[i] == '_'))
+            return 0;
+    return 1;
+}
+
+terse_status terse_ps_register_aggregator(const terse_ps_aggregator_ops *ops) {
+    const size_t v1 = offsetof(terse_ps_aggregator_ops, user) + sizeof(void *);
+    if (!ops || ops->size < v1)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_register_aggregator: %s (initialise the table with "
+                           "TERSE_PS_AGGREGATOR_OPS_INIT)",
+                           ops ? "the table is smaller than the first version's" : "NULL table");
+    if (!ops->name || !valid_name(ops->name))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_register_aggregator: name \"%s\" is not 1..31 of [a-z0-9_]",
+                           ops->name ? ops->name : "(null)");
+    if (!ops->aggregate)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_register_aggregator: %s has no aggregate function", ops->name);
+    if (terse__ps_find_aggregator_name(ops->name))
+        return TERSE_ERROR(TERSE_ERR_EXISTS, "terse_ps_register_aggregator: an aggregator named "
+                                             "\"%s\" exists already", ops->name);
+    terse_status st = TERSE_OK;
+    pthread_mutex_lock(&plugins_lock);
+    int taken = 0; /* a racing registration of the same name */
+    for (size_t i = 0; i < nplugins; i++) taken |= !strcmp(plugin_entry[i].name, ops->name);
+    if (taken) {
+        st = TERSE_ERROR(TERSE_ERR_EXISTS, "terse_ps_register_aggregator: an aggregator named "
+                                           "\"%s\" exists already", ops->name);
+    } else if (nplugins == MAX_PLUGINS) {
+        st = TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_register_aggregator: %d plugins registered "
+                                          "already (the most a process may)", MAX_PLUGINS);
+    } else {
+        terse_ps_aggregator_ops *o = &plugin_ops[nplugins];
+        memcpy(o, ops, v1); /* fields a newer header appends are not known here */
+        o->size = sizeof *o;
+        plugin_entry[nplugins] = (terse__ps_aggregator){o->name, "(the plugin's)", plugin_aggregate,
+                                                        plugin_check, o->needs_center != 0};
+        nplugins++;
+    }
+    pthread_mutex_unlock(&plugins_lock);
+    return st;
+}
+
+/* The table entry a parsed spec uses, with the plugin's ops if any. */
+static const terse_ps_aggregator_ops *ops_of(const terse__ps_aggregator *a) {
+    if (a < plugin_entry || a >= plugin_entry + MAX_PLUGINS) return NULL;
+    return &plugin_ops[a - plugin_entry];
 }
 
 terse_status terse__ps_parse_aggregator(const char *spec, const terse__ps_aggregator **agg,
@@ -109,8 +201,15 @@ terse_status terse__ps_parse_aggregator(const char *spec, const terse__ps_aggreg
     if (!a)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "unknown aggregator \"%s\" (mean, median, trimmed_mean:b=B, "
-                           "krum:f=F[,m=M], cclip:tau=T[,iters=L], signvote)",
+                           "krum:f=F[,m=M], cclip:tau=T[,iters=L], signvote, or one registered "
+                           "with terse_ps_register_aggregator)",
                            buf);
+    if ((q.plugin = ops_of(a)) != NULL) { /* the plugin reads its options itself */
+        snprintf(q.options, sizeof q.options, "%s", opts ? opts : "");
+        *agg = a;
+        *p = q;
+        return TERSE_OK;
+    }
     while (opts && *opts) {
         char *next = strchr(opts, ',');
         if (next) *next++ = '\0';

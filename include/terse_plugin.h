@@ -210,6 +210,42 @@ typedef struct terse_codec_ops {
  */
 TERSE_API terse_status terse_codec_register(const terse_codec_ops *ops);
 
+/*
+ * Parameter-server aggregators. A plugin aggregator joins the built-in
+ * table (mean, median, ...; terse.h, "Aggregators") under its own name and
+ * is named in terse_ps_config.aggregator like them: "name" or
+ * "name:OPTIONS", OPTIONS handed to you as text (everything after the
+ * first ':', "" without one). The server calls it for each sync step,
+ * with the step's pushes decoded and in worker-rank order (the same on
+ * every run whatever the arrival order), every value finite (pushes
+ * holding NaN or an infinity are left out before you see them), and k >= 1.
+ */
+typedef struct terse_ps_aggregator_ops {
+    size_t size;      /* sizeof(terse_ps_aggregator_ops) of the header you built with */
+    const char *name; /* unique among aggregators, [a-z0-9_]+, <= 31 chars; must outlive
+                         registration */
+    int needs_center; /* 1: aggregate gets `center`, n floats the server keeps per shard
+                         (zero at the first step); 0: center is NULL */
+    /* Refuse options or a worker count that cannot hold (TERSE_ERR_INVALID
+     * and a sentence through terse_plugin_error); called by terse_ps_create
+     * on every rank and by terse_ps_aggregator_check. NULL: takes no
+     * options (any given are refused) and holds for any count. */
+    terse_status (*check)(const char *options, int workers, void *user);
+    /* out[0..n) from in[0..k)[0..n). Must not keep pointers to in or out.
+     * A non-OK status fails the server (it cannot close the step). */
+    terse_status (*aggregate)(const char *options, const float *const *in, size_t k, size_t n,
+                              float *out, float *center, void *user);
+    void *user;       /* handed back to check and aggregate */
+} terse_ps_aggregator_ops;
+
+#define TERSE_PS_AGGREGATOR_OPS_INIT {sizeof(terse_ps_aggregator_ops), NULL, 0, NULL, NULL, NULL}
+
+/* Register an aggregator (ops is copied; at most 32 plugins per process).
+ * TERSE_ERR_EXISTS for a name already taken (built-ins included),
+ * TERSE_ERR_INVALID for a bad name, no aggregate, or a table smaller than
+ * the first version's. Thread-safe; there is no unregistering. */
+TERSE_API terse_status terse_ps_register_aggregator(const terse_ps_aggregator_ops *ops);
+
 /* Record a sentence for terse_last_error() from inside a plugin, printf
  * style, and return status (for `return terse_plugin_error(...)`). */
 TERSE_API terse_status terse_plugin_error(terse_status status, const char *fmt,

@@ -8,6 +8,7 @@
 
 #include "algos/ps.h"
 #include "ranks.h"
+#include "terse_plugin.h"
 
 /* What a job runs: servers serve, workers train. */
 typedef struct ps_job {
@@ -934,6 +935,36 @@ Test(ps, median_leaves_out_a_nan_push_and_outvotes_a_byzantine_worker_shm) {
 }
 Test(ps, krum_leaves_out_a_nan_push_and_outvotes_a_byzantine_worker_tcp) {
     robust("tcp", "krum:f=1");
+}
+
+/* A plugin aggregator (terse_plugin.h) over real processes: registered
+ * before the ranks fork, named in the config like a built-in. */
+static terse_status min_aggregate(const char *options, const float *const *in, size_t k,
+                                  size_t n, float *out, float *center, void *user) {
+    (void)options, (void)center, (void)user;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = in[0][i];
+        for (size_t j = 1; j < k; j++) out[i] = fminf(out[i], in[j][i]);
+    }
+    return TERSE_OK;
+}
+
+Test(ps, a_plugin_aggregator_serves_real_workers_tcp) {
+    terse_ps_aggregator_ops ops = TERSE_PS_AGGREGATOR_OPS_INIT;
+    ops.name = "minof";
+    ops.aggregate = min_aggregate;
+    cr_assert_eq(terse_ps_register_aggregator(&ops), TERSE_OK, "%s", terse_last_error());
+    tr_job job = {"tcp", 4, 20000, 60, -1, NULL};
+    tr_out *o = tr_run(&job, robust_body, "minof");
+    /* robust_body with 3 workers (ranks 1-3): all honest */
+    const int last = RSTEPS - 1;
+    cr_assert_eq(o[1].u[10 + last], TERSE_OK, "%s", o[1].err);
+    for (size_t i = 0; i < RN; i++) {
+        float want = fminf(fminf(robust_push(1, last, i), robust_push(2, last, i)),
+                           robust_push(3, last, i));
+        cr_assert_eq(o[1].f[i], want, "element %zu", i);
+    }
+    tr_release(o);
 }
 
 static int cannot_hold_body(terse_comm *c, tr_out *o, const void *arg) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "algos/ps.h"
+#include "terse_plugin.h"
 
 #define MAXK 16
 #define MAXN 64
@@ -263,4 +264,59 @@ Test(ps_aggregate, nonfinite_values_are_found) {
     cr_expect_eq(terse__ps_first_nonfinite(x, 5), 3);
     x[1] = -INFINITY;
     cr_expect_eq(terse__ps_first_nonfinite(x, 5), 1);
+}
+
+/* ---------------------------------------------------------------- plugins */
+
+/* A plugin: the coordinate-wise maximum times "scale=S" (default 1). */
+static int calls;
+static terse_status max_check(const char *options, int workers, void *user) {
+    (void)user;
+    if (*options && strncmp(options, "scale=", 6) != 0)
+        return terse_plugin_error(TERSE_ERR_INVALID, "maxof: unknown option \"%s\"", options);
+    if (workers < 2) return terse_plugin_error(TERSE_ERR_INVALID, "maxof needs 2 workers");
+    return TERSE_OK;
+}
+static terse_status max_aggregate(const char *options, const float *const *in, size_t k,
+                                  size_t n, float *out, float *center, void *user) {
+    float scale = *options ? strtof(options + 6, NULL) : 1.0f;
+    calls += center == NULL && user == (void *)&calls;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = in[0][i];
+        for (size_t j = 1; j < k; j++) out[i] = fmaxf(out[i], in[j][i]);
+        out[i] *= scale;
+    }
+    return TERSE_OK;
+}
+
+Test(ps_aggregate, a_registered_aggregator_is_named_like_a_builtin) {
+    terse_ps_aggregator_ops ops = TERSE_PS_AGGREGATOR_OPS_INIT;
+    ops.name = "maxof";
+    ops.check = max_check;
+    ops.aggregate = max_aggregate;
+    ops.user = &calls;
+    cr_assert_eq(terse_ps_register_aggregator(&ops), TERSE_OK, "%s", terse_last_error());
+    cr_expect_eq(terse_ps_register_aggregator(&ops), TERSE_ERR_EXISTS);
+    ops.name = "median";
+    cr_expect_eq(terse_ps_register_aggregator(&ops), TERSE_ERR_EXISTS);
+    ops.name = "Bad-Name";
+    cr_expect_eq(terse_ps_register_aggregator(&ops), TERSE_ERR_INVALID);
+    ops.name = "noagg";
+    ops.aggregate = NULL;
+    cr_expect_eq(terse_ps_register_aggregator(&ops), TERSE_ERR_INVALID);
+    ops.aggregate = max_aggregate;
+    ops.size = 8;
+    cr_expect_eq(terse_ps_register_aggregator(&ops), TERSE_ERR_INVALID);
+
+    cr_expect_eq(terse_ps_aggregator_check("maxof:scale=2", 3), TERSE_OK, "%s",
+                 terse_last_error());
+    cr_expect_eq(terse_ps_aggregator_check("maxof:bogus=1", 3), TERSE_ERR_INVALID);
+    cr_expect(strstr(terse_last_error(), "unknown option \"bogus=1\""), "%s", terse_last_error());
+    cr_expect_eq(terse_ps_aggregator_check("maxof", 1), TERSE_ERR_INVALID);
+    float in[MAXK][MAXN] = {{1, -5, 2}, {3, -7, -1}}, out[MAXN];
+    run("maxof:scale=2", in, 2, 3, out, NULL);
+    cr_expect_eq(out[0], 6.0f);
+    cr_expect_eq(out[1], -10.0f);
+    cr_expect_eq(out[2], 4.0f);
+    cr_expect_eq(calls, 1, "the plugin saw its user pointer and no center");
 }
