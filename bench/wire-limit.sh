@@ -61,7 +61,7 @@ pingpong() { # provider bytes -> GB/s (1e9 B/s)
     out=$(timeout 120 fi_pingpong -p "$prov" -e rdm -m tagged -S "$n" -I "$iters" -P "$port" 127.0.0.1 2>&1 | tail -1)
     wait "$srv" 2>/dev/null || true
     # bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
-    echo "$out" | awk -v n="$n" '{ printf "%.4f\n", n / ($7 * 1e-6) / 1e9 }'
+    echo "$out" | awk -v n="$n" '{ if ($7 + 0 > 0) printf "%.4f\n", n / ($7 * 1e-6) / 1e9; else print "nan" }'
 }
 
 terse() { # provider bytes -> busbw GB/s
