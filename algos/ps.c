@@ -31,10 +31,16 @@ terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
     if (strlen(spec) >= sizeof buf)
         return TERSE_ERROR(TERSE_ERR_INVALID, "parameter-server mode spec is too long");
     snprintf(buf, sizeof buf, "%s", spec);
+    if (cfg->size < sizeof *cfg)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_config_parse: config size %zu is smaller than this "
+                           "library's terse_ps_config (%zu): initialise it with "
+                           "TERSE_PS_CONFIG_INIT",
+                           cfg->size, sizeof *cfg);
     terse_ps_config c = *cfg;
     char *opts = strchr(buf, ':');
     if (opts) *opts++ = 0;
-    c.quorum = c.staleness = c.max_staleness = c.lr_scale = 0;
+    c.quorum = c.staleness = c.max_staleness = c.lr_scale = c.deadline_ms = 0;
     if (strcmp(buf, "sync") == 0) c.mode = TERSE_PS_SYNC;
     else if (strcmp(buf, "async") == 0) c.mode = TERSE_PS_ASYNC;
     else if (strcmp(buf, "ssp") == 0) c.mode = TERSE_PS_SSP;
@@ -60,6 +66,8 @@ terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
         const char *v = eq + 1;
         if (c.mode == TERSE_PS_SYNC && strcmp(tok, "quorum") == 0) {
             TERSE_CHECK(parse_int(spec, tok, v, 1, &c.quorum));
+        } else if (c.mode == TERSE_PS_SYNC && strcmp(tok, "deadline_ms") == 0) {
+            TERSE_CHECK(parse_int(spec, tok, v, 1, &c.deadline_ms));
         } else if (c.mode == TERSE_PS_ASYNC && strcmp(tok, "max_staleness") == 0) {
             TERSE_CHECK(parse_int(spec, tok, v, 0, &c.max_staleness));
         } else if (c.mode == TERSE_PS_ASYNC && strcmp(tok, "lr_scale") == 0) {
@@ -70,7 +78,7 @@ terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
         } else {
             return TERSE_ERROR(TERSE_ERR_INVALID,
                                "parameter-server mode \"%s\": unknown option \"%s\" for %s (sync: "
-                               "quorum; async: max_staleness, lr_scale)",
+                               "quorum, deadline_ms; async: max_staleness, lr_scale)",
                                spec, tok, buf);
         }
     }
@@ -79,13 +87,14 @@ terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
 }
 
 /* What every rank must agree on, as bytes for the store's allgather. */
-#define AGREE_FIELDS 12
+#define AGREE_FIELDS 13
 static void agree_bytes(const terse_ps_config *c, const char *agg, uint8_t *b) {
     uint64_t v[AGREE_FIELDS] = {(uint64_t)c->num_servers, c->chunk_bytes, (uint64_t)c->vnodes,
                                 (uint64_t)c->mode, (uint64_t)c->quorum, (uint64_t)c->staleness,
                                 (uint64_t)c->max_staleness, (uint64_t)c->lr_scale,
                                 (uint64_t)c->update, 0, 0,
-                                terse__crc32c_update(0, agg, strlen(agg))};
+                                terse__crc32c_update(0, agg, strlen(agg)),
+                                (uint64_t)c->deadline_ms};
     uint32_t lr, mu;
     memcpy(&lr, &c->lr, 4);
     memcpy(&mu, &c->momentum, 4);
@@ -96,7 +105,7 @@ static void agree_bytes(const terse_ps_config *c, const char *agg, uint8_t *b) {
 
 static const char *const agree_names[AGREE_FIELDS] = {
     "num_servers", "chunk_bytes", "vnodes", "mode", "quorum", "staleness",
-    "max_staleness", "lr_scale", "update", "lr", "momentum", "aggregator"};
+    "max_staleness", "lr_scale", "update", "lr", "momentum", "aggregator", "deadline_ms"};
 
 static terse_status check_config(terse_comm *comm, const terse_ps_config *c) {
     if (c->size < sizeof *c)
@@ -128,6 +137,10 @@ static terse_status check_config(terse_comm *comm, const terse_ps_config *c) {
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_create: quorum %d needs sync mode and 1..%d (the workers)",
                            c->quorum, workers);
+    if (c->deadline_ms < 0 || (c->deadline_ms && c->mode != TERSE_PS_SYNC))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: deadline_ms %d needs sync mode and a positive value",
+                           c->deadline_ms);
     if (c->staleness < 0 || c->max_staleness < 0)
         return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: negative staleness bound");
     if (c->mode != TERSE_PS_SYNC && c->update != TERSE_PS_UPDATE_SGD)

@@ -90,6 +90,7 @@ typedef struct terse__ps_shard {
     float *value, *mom; /* the aggregate or the parameters; momentum */
     float *center;      /* the aggregator's (cclip: the last aggregate), or NULL */
     uint64_t version;   /* sync: steps closed; async/ssp: pushes applied */
+    uint64_t opened_ns; /* sync: when the open step opened (deadline_ms) */
     terse_codec **dec;  /* per chunk: decodes pushes */
     terse_codec **enc;  /* per chunk: encodes pulls (server-side error feedback) */
     size_t push_bound, pull_bound;

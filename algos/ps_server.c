@@ -101,6 +101,7 @@ terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *i
     if (ps->cfg.update == TERSE_PS_UPDATE_SGD && ps->cfg.momentum > 0.0f)
         sh->mom = calloc(sh->nfloats, sizeof(float));
     if (ps->agg->needs_center) sh->center = calloc(sh->nfloats, sizeof(float));
+    sh->opened_ns = terse__now_ns();
     if (!sh->value || (ps->cfg.update == TERSE_PS_UPDATE_SGD && ps->cfg.momentum > 0.0f && !sh->mom) ||
         (ps->agg->needs_center && !sh->center))
         return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory for %zu floats",
@@ -310,7 +311,11 @@ static terse_status handle_pull(terse_ps *ps, int w) {
     terse__ps_peer *p = &ps->peers[w];
     terse__ps_shard *sh = ps->keys[p->h.key]->shard;
     int wait = 0;
-    if (ps->cfg.mode == TERSE_PS_SYNC) wait = sh->has[w] && sh->version <= p->h.clock;
+    /* sync: for the step it pushed, or (a worker that moved its clock on
+     * without pushing: rounds it sat out) until the steps before its clock
+     * closed */
+    if (ps->cfg.mode == TERSE_PS_SYNC)
+        wait = (sh->has[w] && sh->version <= p->h.clock) || sh->version < p->h.clock;
     if (ps->cfg.mode == TERSE_PS_SSP) {
         uint64_t m = ssp_min(ps, sh);
         wait = m != UINT64_MAX && m < ssp_need(ps, p->h.clock);
@@ -342,25 +347,30 @@ static void quorum_log(terse_ps *ps, terse__ps_shard *sh, size_t key) {
 }
 
 /* Sync: aggregate the step's pushes in worker-rank order and apply.
- * has[w] is 1 for a push that counts, 2 for one left out (non-finite):
- * a step of left-out pushes only aggregates to zero. */
-static terse_status close_step(terse_ps *ps, size_t key) {
+ * has[w] is 1 for a push that counts, 2 for one left out (non-finite). A
+ * step with none that counts (all left out, or closed empty by its
+ * deadline) changes no parameters; with update none its aggregate is
+ * zero. */
+static terse_status close_step(terse_ps *ps, size_t key, int by_deadline) {
     terse__ps_shard *sh = ps->keys[key]->shard;
     size_t k = 0;
     for (int w = ps->nservers; w < ps->nranks; w++)
         if (sh->has[w] == 1) ps->inputs[k++] = sh->got[w];
-    if (!sh->count) return TERSE_OK;
+    if (!sh->count && !by_deadline) return TERSE_OK;
     uint64_t t0 = terse__now_ns();
-    if (k)
+    if (k) {
         TERSE_CHECK(ps->agg->aggregate(&ps->agg_params, ps->inputs, k, sh->nfloats, ps->scratch,
                                        sh->center));
-    else
-        memset(ps->scratch, 0, sh->nfloats * sizeof(float));
-    ps->rule->apply(&ps->cfg, sh->value, sh->mom, ps->scratch, sh->nfloats, 1.0f);
+        ps->rule->apply(&ps->cfg, sh->value, sh->mom, ps->scratch, sh->nfloats, 1.0f);
+    } else if (ps->cfg.update == TERSE_PS_UPDATE_NONE) {
+        memset(sh->value, 0, sh->nfloats * sizeof(float)); /* the aggregate of nothing */
+    } /* else the parameters (and their momentum) stay as they are */
     terse__comm_codec_time(ps->comm, t0);
     if (ps->cfg.quorum) quorum_log(ps, sh, key);
     sh->version++;
+    sh->opened_ns = terse__now_ns();
     ps->stats.steps_closed++;
+    ps->stats.deadline_closes += by_deadline != 0;
     ps->stats.pushes_applied += k;
     memset(sh->has, 0, (size_t)ps->nranks);
     sh->count = 0;
@@ -394,7 +404,7 @@ static terse_status maybe_close(terse_ps *ps, size_t key) {
         return TERSE_OK;
     }
 
-    TERSE_CHECK(close_step(ps, key));
+    TERSE_CHECK(close_step(ps, key, 0));
     return wake(ps, key);
 }
 
@@ -426,11 +436,17 @@ static terse_status handle_push(terse_ps *ps, int w) {
     if (ps->broken[0]) return refuse(ps, w, R_LOST, "%s", ps->broken);
     if (ps->cfg.mode == TERSE_PS_SYNC) {
         if (clock < sh->version) {
-            if (ps->cfg.quorum)
+            if (ps->cfg.quorum && !ps->cfg.deadline_ms)
                 return refuse(ps, w, R_LATE,
                               "step %llu of key %zu already closed on the first %d pushes (the "
                               "server is at step %llu); this push was dropped",
                               (unsigned long long)clock, key, ps->cfg.quorum,
+                              (unsigned long long)sh->version);
+            if (ps->cfg.deadline_ms)
+                return refuse(ps, w, R_LATE,
+                              "step %llu of key %zu already closed (its quorum or its %d ms "
+                              "deadline; the server is at step %llu); this push was dropped",
+                              (unsigned long long)clock, key, ps->cfg.deadline_ms,
                               (unsigned long long)sh->version);
             return refuse(ps, w, R_CLOSED, "step %llu of key %zu is already closed (open: %llu)",
                           (unsigned long long)clock, key, (unsigned long long)sh->version);
@@ -637,6 +653,19 @@ static terse_status poll_losses(terse_ps *ps) {
 /* Parked pulls older than 3/4 of the timeout: the workers they wait for
  * are stopped or far too slow; tell the waiter which, before its own
  * timeout fires. */
+/* sync deadline_ms: close every step open for longer, with what it has. */
+static terse_status close_overdue(terse_ps *ps, uint64_t now) {
+    if (ps->cfg.mode != TERSE_PS_SYNC || !ps->cfg.deadline_ms) return TERSE_OK;
+    const uint64_t limit = (uint64_t)ps->cfg.deadline_ms * 1000000ull;
+    for (size_t key = 0; key < ps->nkeys; key++) {
+        terse__ps_shard *sh = ps->keys[key]->shard;
+        if (!sh || now < sh->opened_ns || now - sh->opened_ns < limit) continue;
+        TERSE_CHECK(close_step(ps, key, 1));
+        TERSE_CHECK(wake(ps, key));
+    }
+    return TERSE_OK;
+}
+
 static terse_status expire_parked(terse_ps *ps, uint64_t now) {
     uint64_t limit = (uint64_t)ps->comm->timeout_ms * 750000ull;
     for (int w = 0; w < ps->nranks; w++) {
@@ -829,6 +858,7 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
         if (s == TERSE_OK && now - last_poll >= POLL_NS) {
             last_poll = now;
             s = poll_losses(ps);
+            if (s == TERSE_OK) s = close_overdue(ps, now);
             if (s == TERSE_OK) s = expire_parked(ps, now);
             if (s == TERSE_OK) s = expire_stuck(ps, now);
             if (s == TERSE_OK) s = check_silence(ps, now);

@@ -837,6 +837,16 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  *                    TERSE_PS_QUORUM_LOG=path each server appends, per
  *                    closed step, "server key step worker,worker,..." so a
  *                    run can be replayed.
+ *   "sync:deadline_ms=D"  rounds (federated learning's): a step also
+ *                    closes D ms after it opened (the previous step closed:
+ *                    D must cover the workers' compute), with the pushes it
+ *                    has; one closed with none changes no parameters (update
+ *                    none: its aggregate is zero);
+ *                    a push that comes later is refused with TERSE_ERR_STALE
+ *                    and counted (late_dropped, deadline_closes). Combine
+ *                    with quorum=K for rounds of K sampled workers: the
+ *                    others call terse_ps_clock without pushing, and a pull
+ *                    by a worker at clock c waits until step c - 1 closed.
  *   "async"          every push is applied on arrival, weighted 1/workers;
  *                    a pull returns at once. Its staleness is the number of
  *                    updates the shard took since that worker's last pull;
@@ -942,11 +952,13 @@ typedef struct terse_ps_config {
     const char *aggregator; /* "mean" (default), "median", "trimmed_mean:b=1",
                              * "krum:f=1,m=1", "cclip:tau=10,iters=1",
                              * "signvote": see Aggregators above */
+    int deadline_ms;       /* sync: a step closes this long after it opened,
+                            * with the pushes it has (0: no deadline) */
 } terse_ps_config;
 
 #define TERSE_PS_CONFIG_INIT                                                      \
     {sizeof(terse_ps_config), 1, 0, 64, TERSE_PS_SYNC, 0, 0, 0, 0, TERSE_PS_UPDATE_NONE, \
-     0.0f, 0.0f, NULL}
+     0.0f, 0.0f, NULL, 0}
 
 /* Set mode, quorum, staleness, max_staleness and lr_scale of *cfg from a
  * spec ("sync", "sync:quorum=3", "async", "async:max_staleness=8,lr_scale=1",
@@ -1032,6 +1044,7 @@ typedef struct terse_ps_stats {
     /* server (appended in 0.2): pushes holding a NaN or an infinity, left
      * out of their step's aggregate (sync) or not applied (async, ssp) */
     uint64_t refused_nonfinite;
+    uint64_t deadline_closes;  /* sync deadline_ms: shard steps closed by it */
 } terse_ps_stats;
 
 TERSE_API terse_status terse_ps_get_stats(const terse_ps *ps, terse_ps_stats *stats);

@@ -55,7 +55,7 @@ static int abi(void)
     OFF(terse_ps_config, quorum); OFF(terse_ps_config, staleness);
     OFF(terse_ps_config, max_staleness); OFF(terse_ps_config, lr_scale);
     OFF(terse_ps_config, update); OFF(terse_ps_config, lr); OFF(terse_ps_config, momentum);
-    OFF(terse_ps_config, aggregator);
+    OFF(terse_ps_config, aggregator); OFF(terse_ps_config, deadline_ms);
     SZ(terse_ps_stats);
     OFF(terse_ps_stats, size); OFF(terse_ps_stats, pushes); OFF(terse_ps_stats, pulls);
     OFF(terse_ps_stats, stale_refused); OFF(terse_ps_stats, pushes_applied);
@@ -64,7 +64,7 @@ static int abi(void)
     OFF(terse_ps_stats, refused_step); OFF(terse_ps_stats, refused_role);
     OFF(terse_ps_stats, refused_corrupt); OFF(terse_ps_stats, staleness_max);
     OFF(terse_ps_stats, staleness_mean); OFF(terse_ps_stats, workers_lost);
-    OFF(terse_ps_stats, refused_nonfinite);
+    OFF(terse_ps_stats, refused_nonfinite); OFF(terse_ps_stats, deadline_closes);
     return fflush(stdout) == 0 ? 0 : 1;
 }
 

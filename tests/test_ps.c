@@ -43,6 +43,15 @@ static int make_ps(terse_comm *c, tr_out *o, const ps_job *j, terse_ps **ps) {
     return 0;
 }
 
+/* A server's statistics, after serving. */
+static terse_ps_stats server_stats(terse_ps *ps) {
+    terse_ps_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    terse_ps_get_stats(ps, &st);
+    return st;
+}
+
 /* Sync training: every worker pushpulls each key each step; the final
  * value of key 0 and a hash of every step's result are reported. */
 static int sync_body(terse_comm *c, tr_out *o, const void *arg) {
@@ -462,10 +471,7 @@ static int ssp_nonfinite_body(terse_comm *c, tr_out *o, const void *arg) {
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         TR_CALL(o, terse_ps_serve(ps));
-        terse_ps_stats st;
-        memset(&st, 0, sizeof st);
-        st.size = sizeof st;
-        terse_ps_get_stats(ps, &st);
+        terse_ps_stats st = server_stats(ps);
         o->u[0] = st.refused_nonfinite, o->u[1] = st.pushes_applied;
         terse_ps_free(ps);
         return 0;
@@ -499,6 +505,115 @@ Test(ps, ssp_a_nonfinite_push_is_not_applied_and_holds_nobody) {
                      w, o[w].val[0]);
     }
     tr_release(o);
+}
+
+/* ---------------------------------------------------------------- rounds */
+
+/* Rounds as federated learning runs them: 1 server, 3 workers,
+ * sync:quorum=2,deadline_ms=D. Round r samples two workers (r even: 1 and
+ * 2; odd: 2 and 3); the third calls terse_ps_clock without pushing and
+ * pulls, which waits until the round closed. In round 2 worker 1 is late
+ * by 3 D: the round closes at its deadline with worker 2's push alone,
+ * and worker 1's push is refused as late. */
+#define ROUNDS 4
+#define DEADLINE_MS 400
+static int sampled(int w, int r) { return r % 2 ? w >= 2 : w <= 2; }
+
+static int rounds_body(terse_comm *c, tr_out *o, const void *arg) {
+    const int dies = arg ? *(const int *)arg : 0; /* worker 3 dies in round 1 */
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    TR_CALL(o, terse_ps_config_parse("sync:quorum=2,deadline_ms=400", &cfg));
+    terse_ps *ps = NULL;
+    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
+    int rank = terse_comm_rank(c);
+    if (terse_ps_is_server(ps)) {
+        terse_status served = terse_ps_serve(ps); /* names the lost worker, went on */
+        if (!(dies && served == TERSE_ERR_PEER_LOST)) TR_CALL(o, served);
+        terse_ps_stats st = server_stats(ps);
+        o->u[0] = st.steps_closed, o->u[1] = st.deadline_closes, o->u[2] = st.late_dropped;
+        terse_ps_free(ps);
+        return 0;
+    }
+    float buf[QN];
+    for (int r = 0; r < ROUNDS; r++) {
+        if (dies && rank == 3 && r == 1) raise(SIGKILL); /* mid-round, before its push */
+        if (sampled(rank, r)) {
+            if (!dies && r == 2 && rank == 1) usleep(3 * DEADLINE_MS * 1000);
+            for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, r, 0, i);
+            o->u[10 + r] = (uint64_t)terse_ps_pushpull(ps, 0, buf, NULL);
+            if (o->u[10 + r] == TERSE_ERR_STALE) TR_CALL(o, terse_ps_pull(ps, 0, buf, NULL));
+            else TR_CALL(o, (terse_status)o->u[10 + r]);
+        } else {
+            TR_CALL(o, terse_ps_clock(ps)); /* sat this round out */
+            TR_CALL(o, terse_ps_pull(ps, 0, buf, NULL));
+            o->u[10 + r] = 99;
+        }
+        o->hash[r] = tr_hash(buf, sizeof buf);
+        o->f[r] = buf[0];
+        if (sampled(rank, r)) TR_CALL(o, terse_ps_clock(ps));
+    }
+    TR_CALL(o, terse_ps_finish(ps));
+    terse_ps_free(ps);
+    return 0;
+}
+
+Test(ps, rounds_close_on_their_quorum_or_deadline_and_idle_workers_pull_the_result) {
+    tr_job job = {"shm", 4, 20000, 60, -1, NULL};
+    tr_out *o = tr_run(&job, rounds_body, NULL);
+    for (int r = 0; r < ROUNDS; r++) {
+        /* everyone holds the round's result, sampled or not -- but worker
+         * 1 from round 2 on: late, it catches up to the newest step (its
+         * pull moves its clock there), and rounds after that are other
+         * steps for it, some closed empty by their deadline */
+        cr_assert_eq(o[3].hash[r], o[2].hash[r], "round %d: workers 2 and 3 differ", r);
+        if (r < 2) cr_assert_eq(o[1].hash[r], o[2].hash[r], "round %d: worker 1 differs", r);
+        double want = 0;
+        int k = 0;
+        for (int w = 1; w <= 3; w++)
+            if (sampled(w, r) && !(r == 2 && w == 1)) want += grad(w, r, 0, 0), k++;
+        cr_assert_float_eq(o[2].f[r], want / k, 1e-6, "round %d: %g, want %g", r,
+                           (double)o[2].f[r], want / k);
+    }
+    cr_assert_eq(o[1].u[12], TERSE_ERR_STALE, "the late push: %s", o[1].err);
+    /* round 2 by its deadline; after the last round, empty steps may close
+     * on theirs while the workers finish */
+    cr_assert_geq(o[0].u[0], ROUNDS, "steps closed");
+    cr_assert_geq(o[0].u[1], 1, "closed by the deadline: %llu", (unsigned long long)o[0].u[1]);
+    cr_assert_eq(o[0].u[0] - o[0].u[1], ROUNDS - 1, "closed on their quorum");
+    cr_assert_eq(o[0].u[2], 1, "late pushes dropped: %llu", (unsigned long long)o[0].u[2]);
+    tr_release(o);
+}
+
+/* A sampled worker killed before its push: its rounds close at their
+ * deadline with the others' pushes, and the rest go on unaffected. */
+Test(ps, a_worker_that_dies_mid_round_is_dropped_and_the_round_completes) {
+    static const int dies = 1;
+    tr_job job = {"shm", 4, 20000, 60, 3, NULL};
+    tr_out *o = tr_run(&job, rounds_body, &dies);
+    for (int r = 0; r < ROUNDS; r++) {
+        cr_assert_eq(o[1].hash[r], o[2].hash[r], "round %d: workers 1 and 2 differ", r);
+        double want = 0;
+        int k = 0;
+        for (int w = 1; w <= 3; w++)
+            if (sampled(w, r) && !(w == 3 && r >= 1)) want += grad(w, r, 0, 0), k++;
+        cr_assert_float_eq(o[2].f[r], want / k, 1e-6, "round %d: %g, want %g", r,
+                           (double)o[2].f[r], want / k);
+        if (sampled(2, r)) cr_assert_eq(o[2].u[10 + r], TERSE_OK, "round %d: %s", r, o[2].err);
+    }
+    cr_assert_geq(o[0].u[1], 2, "rounds 1 and 3 closed by their deadline");
+    tr_release(o);
+}
+
+Test(ps, a_deadline_needs_sync_and_parses_strictly) {
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    cr_assert_eq(terse_ps_config_parse("sync:deadline_ms=250", &cfg), TERSE_OK);
+    cr_assert_eq(cfg.deadline_ms, 250);
+    cr_assert_eq(terse_ps_config_parse("sync", &cfg), TERSE_OK);
+    cr_assert_eq(cfg.deadline_ms, 0, "a new spec resets it");
+    cr_assert_eq(terse_ps_config_parse("sync:deadline_ms=0", &cfg), TERSE_ERR_INVALID);
+    cr_assert_eq(terse_ps_config_parse("async:deadline_ms=5", &cfg), TERSE_ERR_INVALID);
+    cr_assert(strstr(terse_last_error(), "deadline_ms"), "%s", terse_last_error());
 }
 
 /* ---------------------------------------------------------------- placement */
@@ -865,10 +980,7 @@ static int robust_body(terse_comm *c, tr_out *o, const void *arg) {
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         TR_CALL(o, terse_ps_serve(ps));
-        terse_ps_stats st;
-        memset(&st, 0, sizeof st);
-        st.size = sizeof st;
-        terse_ps_get_stats(ps, &st);
+        terse_ps_stats st = server_stats(ps);
         o->u[0] = st.steps_closed, o->u[1] = st.pushes_applied, o->u[2] = st.refused_nonfinite;
         terse_ps_free(ps);
         return 0;
