@@ -1,6 +1,7 @@
 /* The parameter server's life cycle: config, create (every rank checks
  * the others' config through the store), declare (placement, codecs),
  * stats, free. The exchanges live in ps_worker.c and ps_server.c. */
+#include <errno.h>
 #include <stdio.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -14,15 +15,25 @@
 
 /* ---------------------------------------------------------------- config */
 
-static terse_status parse_int(const char *spec, const char *tok, const char *v, int lo, int *out) {
+/* An integer option of a spec, in lo..hi; what names the spec's kind. */
+terse_status terse__ps_parse_int(const char *what, const char *spec, const char *tok,
+                                 const char *v, int lo, int hi, int *out) {
     char *end = NULL;
+    errno = 0;
     long x = strtol(v, &end, 10);
-    if (!*v || *end || x < lo || x > 1 << 30)
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "parameter-server mode \"%s\": \"%s\" needs an integer >= %d", spec,
-                           tok, lo);
+    if (!*v || *end || errno || x < lo || x > hi) {
+        if (tok == v) /* a bare value, as in ssp:S */
+            return TERSE_ERROR(TERSE_ERR_INVALID, "%s \"%s\": \"%s\" is not an integer in %d..%d",
+                               what, spec, v, lo, hi);
+        return TERSE_ERROR(TERSE_ERR_INVALID, "%s \"%s\": %s=%s is not an integer in %d..%d", what,
+                           spec, tok, v, lo, hi);
+    }
     *out = (int)x;
     return TERSE_OK;
+}
+
+static terse_status parse_int(const char *spec, const char *tok, const char *v, int lo, int *out) {
+    return terse__ps_parse_int("parameter-server mode", spec, tok, v, lo, 1 << 30, out);
 }
 
 terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {

@@ -151,9 +151,12 @@ typedef struct terse__ps_aggregator {
 
 terse_status terse__ps_parse_aggregator(const char *spec, const terse__ps_aggregator **agg,
                                         terse__ps_agg_params *p);
-const terse__ps_aggregator *terse__ps_find_aggregator(const char *spec);
 const terse__ps_aggregator *terse__ps_find_aggregator_name(const char *name);
 size_t terse__ps_first_nonfinite(const float *x, size_t n);
+/* An integer option of a spec (ps.c): what names the spec's kind for the
+ * sentence ("aggregator", "parameter-server mode"). */
+terse_status terse__ps_parse_int(const char *what, const char *spec, const char *tok,
+                                 const char *v, int lo, int hi, int *out);
 
 terse_status terse__ps_agg_mean(const terse__ps_agg_params *p, const float *const *in, size_t k,
                                 size_t n, float *out, float *center);

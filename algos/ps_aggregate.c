@@ -17,6 +17,7 @@
 
 #include "algos/ps.h"
 #include "common/error.h"
+#include "common/names.h"
 #include "terse_plugin.h"
 
 static terse_status need_any(const terse__ps_agg_params *p, int workers) {
@@ -84,15 +85,7 @@ static const terse__ps_aggregator table[] = {
 
 static terse_status parse_int(const char *spec, const char *tok, const char *v, int lo, int hi,
                               int *out) {
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || errno || x < lo || x > hi)
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "aggregator \"%s\": %s=%s is not an integer in %d..%d", spec, tok, v,
-                           lo, hi);
-    *out = (int)x;
-    return TERSE_OK;
+    return terse__ps_parse_int("aggregator", spec, tok, v, lo, hi, out);
 }
 
 static terse_status parse_option(const char *spec, const char *name, const char *tok,
@@ -120,25 +113,26 @@ static terse_status parse_option(const char *spec, const char *name, const char 
                        a->options);
 }
 
-const terse__ps_aggregator *terse__ps_find_aggregator_name(const char *name) {
+static const terse__ps_aggregator *builtin_named(const char *name) {
     for (size_t i = 0; i < sizeof table / sizeof *table; i++)
         if (!strcmp(table[i].name, name)) return &table[i];
-    const terse__ps_aggregator *found = NULL;
-    pthread_mutex_lock(&plugins_lock);
-    for (size_t i = 0; i < nplugins && !found; i++)
-        if (!strcmp(plugin_entry[i].name, name)) found = &plugin_entry[i];
-    pthread_mutex_unlock(&plugins_lock);
-    return found;
+    return NULL;
 }
 
-static int valid_name(const char *name) {
-    size_t n = strlen(name);
-    if (n == 0 || n > 31) return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') ||
-              name[i] == '_'))
-            return 0;
-    return 1;
+/* plugins_lock held */
+static const terse__ps_aggregator *plugin_named(const char *name) {
+    for (size_t i = 0; i < nplugins; i++)
+        if (!strcmp(plugin_entry[i].name, name)) return &plugin_entry[i];
+    return NULL;
+}
+
+const terse__ps_aggregator *terse__ps_find_aggregator_name(const char *name) {
+    const terse__ps_aggregator *found = builtin_named(name);
+    if (found) return found;
+    pthread_mutex_lock(&plugins_lock);
+    found = plugin_named(name);
+    pthread_mutex_unlock(&plugins_lock);
+    return found;
 }
 
 terse_status terse_ps_register_aggregator(const terse_ps_aggregator_ops *ops) {
@@ -148,21 +142,16 @@ terse_status terse_ps_register_aggregator(const terse_ps_aggregator_ops *ops) {
                            "terse_ps_register_aggregator: %s (initialise the table with "
                            "TERSE_PS_AGGREGATOR_OPS_INIT)",
                            ops ? "the table is smaller than the first version's" : "NULL table");
-    if (!ops->name || !valid_name(ops->name))
+    if (!ops->name || !terse__plugin_name_ok(ops->name))
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_register_aggregator: name \"%s\" is not 1..31 of [a-z0-9_]",
                            ops->name ? ops->name : "(null)");
     if (!ops->aggregate)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_register_aggregator: %s has no aggregate function", ops->name);
-    if (terse__ps_find_aggregator_name(ops->name))
-        return TERSE_ERROR(TERSE_ERR_EXISTS, "terse_ps_register_aggregator: an aggregator named "
-                                             "\"%s\" exists already", ops->name);
     terse_status st = TERSE_OK;
     pthread_mutex_lock(&plugins_lock);
-    int taken = 0; /* a racing registration of the same name */
-    for (size_t i = 0; i < nplugins; i++) taken |= !strcmp(plugin_entry[i].name, ops->name);
-    if (taken) {
+    if (builtin_named(ops->name) || plugin_named(ops->name)) {
         st = TERSE_ERROR(TERSE_ERR_EXISTS, "terse_ps_register_aggregator: an aggregator named "
                                            "\"%s\" exists already", ops->name);
     } else if (nplugins == MAX_PLUGINS) {
@@ -224,12 +213,6 @@ terse_status terse__ps_parse_aggregator(const char *spec, const terse__ps_aggreg
     *agg = a;
     *p = q;
     return TERSE_OK;
-}
-
-const terse__ps_aggregator *terse__ps_find_aggregator(const char *spec) {
-    const terse__ps_aggregator *a = NULL;
-    terse__ps_agg_params p;
-    return terse__ps_parse_aggregator(spec, &a, &p) == TERSE_OK ? a : NULL;
 }
 
 /* A push with a NaN or an infinity never reaches an aggregate: the

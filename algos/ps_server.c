@@ -436,18 +436,19 @@ static terse_status handle_push(terse_ps *ps, int w) {
     if (ps->broken[0]) return refuse(ps, w, R_LOST, "%s", ps->broken);
     if (ps->cfg.mode == TERSE_PS_SYNC) {
         if (clock < sh->version) {
-            if (ps->cfg.quorum && !ps->cfg.deadline_ms)
+            if (ps->cfg.quorum || ps->cfg.deadline_ms) { /* closed without it, by design */
+                char how[64];
+                if (ps->cfg.deadline_ms)
+                    snprintf(how, sizeof how, " (its quorum or its %d ms deadline; ",
+                             ps->cfg.deadline_ms);
+                else
+                    snprintf(how, sizeof how, " on the first %d pushes (", ps->cfg.quorum);
                 return refuse(ps, w, R_LATE,
-                              "step %llu of key %zu already closed on the first %d pushes (the "
-                              "server is at step %llu); this push was dropped",
-                              (unsigned long long)clock, key, ps->cfg.quorum,
+                              "step %llu of key %zu already closed%sthe server is at step "
+                              "%llu); this push was dropped",
+                              (unsigned long long)clock, key, how,
                               (unsigned long long)sh->version);
-            if (ps->cfg.deadline_ms)
-                return refuse(ps, w, R_LATE,
-                              "step %llu of key %zu already closed (its quorum or its %d ms "
-                              "deadline; the server is at step %llu); this push was dropped",
-                              (unsigned long long)clock, key, ps->cfg.deadline_ms,
-                              (unsigned long long)sh->version);
+            }
             return refuse(ps, w, R_CLOSED, "step %llu of key %zu is already closed (open: %llu)",
                           (unsigned long long)clock, key, (unsigned long long)sh->version);
         }

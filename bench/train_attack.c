@@ -95,7 +95,8 @@ void train_flip_labels(uint8_t *y, size_t b) {
 struct train_attacker {
     int honest;        /* workers 0 .. honest-1 */
     size_t total;      /* parameters */
-    size_t *shard, *order;
+    size_t *order;     /* honest x shard_n: each honest worker's order this epoch */
+    int epoch;         /* the epoch order holds (0: none yet) */
     float **mom;       /* per honest worker, local momentum only */
     double *sum, *sq;  /* per parameter */
     uint64_t noise;
@@ -111,12 +112,11 @@ train_attacker *train_attacker_create(worker *w, const train_run *cfg, model *m)
     a->noise = train_stream_key(cfg->seed, 0xb12a, (uint64_t)w->rank);
     int omni = cfg->attack == ATTACK_ALIE || cfg->attack == ATTACK_IPM;
     if (!omni) return a;
-    a->shard = malloc(w->shard_n * sizeof *a->shard);
-    a->order = malloc(w->shard_n * sizeof *a->order);
+    a->order = malloc((size_t)a->honest * w->shard_n * sizeof *a->order);
     a->sum = malloc(a->total * sizeof *a->sum);
     a->sq = malloc(a->total * sizeof *a->sq);
     a->mom = calloc((size_t)a->honest, sizeof *a->mom);
-    int bad = !a->shard || !a->order || !a->sum || !a->sq || !a->mom;
+    int bad = !a->order || !a->sum || !a->sq || !a->mom;
     for (int j = 0; !bad && cfg->local_momentum && j < a->honest; j++)
         bad = !(a->mom[j] = calloc(a->total, sizeof(float)));
     if (bad) {
@@ -129,18 +129,15 @@ train_attacker *train_attacker_create(worker *w, const train_run *cfg, model *m)
 void train_attacker_free(train_attacker *a) {
     if (!a) return;
     for (int j = 0; a->mom && j < a->honest; j++) free(a->mom[j]);
-    free(a->mom), free(a->shard), free(a->order), free(a->sum), free(a->sq);
+    free(a->mom), free(a->order), free(a->sum), free(a->sq);
     free(a);
 }
 
-/* Honest worker j's vector this step (epoch e, batch k), into the sums. */
-static void honest_vector(worker *w, train_attacker *a, model *m, int j, int e, long k) {
+/* Honest worker j's vector this step (batch k of the epoch a->order holds), into the sums. */
+static void honest_vector(worker *w, train_attacker *a, model *m, int j, long k) {
     const train_options *o = w->o;
-    size_t n = w->shard_n;
-    for (size_t i = 0; i < n; i++) a->shard[i] = w->perm[i * (size_t)w->nworkers + (size_t)j];
-    memcpy(a->order, a->shard, n * sizeof *a->order);
-    train_shuffle(a->order, n, train_stream_key(a->seed, (uint64_t)e, (uint64_t)j + 1));
-    train_fill_batch(w, &w->train, a->order, (size_t)k * o->batch, o->batch);
+    size_t n = w->shard_n, *order = a->order + (size_t)j * n;
+    train_fill_batch(w, &w->train, order, (size_t)k * o->batch, o->batch);
     model_forward_backward(m, w->x, w->y, o->batch);
     size_t off = 0;
     for (size_t t = 0; t < model_tensor_count(m); t++) {
@@ -177,9 +174,19 @@ void train_attack_apply(worker *w, const train_run *cfg, train_attacker *a, mode
             train_add_gaussian(mt->grad, mt->n, NOISE_SD, &a->noise);
         }
     } else if (kind == ATTACK_ALIE || kind == ATTACK_IPM) {
+        if (a->epoch != e) { /* each honest worker's shard, dealt and shuffled as it does */
+            size_t n = w->shard_n;
+            for (int j = 0; j < a->honest; j++) {
+                size_t *order = a->order + (size_t)j * n;
+                for (size_t i = 0; i < n; i++)
+                    order[i] = w->perm[i * (size_t)w->nworkers + (size_t)j];
+                train_shuffle(order, n, train_stream_key(a->seed, (uint64_t)e, (uint64_t)j + 1));
+            }
+            a->epoch = e;
+        }
         memset(a->sum, 0, a->total * sizeof *a->sum);
         memset(a->sq, 0, a->total * sizeof *a->sq);
-        for (int j = 0; j < a->honest; j++) honest_vector(w, a, m, j, e, k);
+        for (int j = 0; j < a->honest; j++) honest_vector(w, a, m, j, k);
         const double h = a->honest, z = train_alie_z(w->nworkers, cfg->byz_k);
         size_t off = 0;
         for (size_t t = 0; t < nt; t++) {

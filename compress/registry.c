@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/names.h"
 #include "compress/codec_internal.h"
 
 #define MAX_CODECS 256
@@ -12,14 +13,6 @@ static terse_codec_ops table[MAX_CODECS];
 static size_t ntable;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t builtins_once = PTHREAD_ONCE_INIT;
-
-static int valid_name(const char *s) {
-    size_t n = 0;
-    for (; s[n]; n++)
-        if (!((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= '0' && s[n] <= '9') || s[n] == '_'))
-            return 0;
-    return n > 0 && n <= 31;
-}
 
 static terse_status register_locked(const terse_codec_ops *ops, int builtin) {
     if (!ops) return TERSE_ERROR(TERSE_ERR_INVALID, "codec ops is NULL");
@@ -35,7 +28,7 @@ static terse_status register_locked(const terse_codec_ops *ops, int builtin) {
     known -= (known - offsetof(terse_codec_ops, create)) % sizeof(void (*)(void));
     memcpy(&c, ops, known);
     c.size = sizeof c;
-    if (!c.name || !valid_name(c.name))
+    if (!c.name || !terse__plugin_name_ok(c.name))
         return TERSE_ERROR(TERSE_ERR_INVALID, "codec name '%s' is not [a-z0-9_]{1,31}",
                            c.name ? c.name : "(null)");
     if (!c.create || !c.destroy || !c.bound || !c.encode || !c.decode)

@@ -122,14 +122,30 @@ Test(fabric_local, set_peers_refuses_disagreeing_or_misordered_names) {
     terse__fabric_close(b);
 }
 
-static terse__fabric *open_self(const char *prov) {
-    terse__fabric *f = NULL;
+/* A one-rank job: the endpoint is its own peer. */
+static void join_self(terse__fabric *f) {
     uint8_t name[NAME_CAP];
     size_t len = sizeof name;
-    cr_assert_eq(terse__fabric_open(prov, 1, 0, 1, &f), TERSE_OK, "%s", terse_last_error());
     cr_assert_eq(terse__fabric_name(f, name, &len), TERSE_OK);
     cr_assert_eq(terse__fabric_set_peers(f, name, len), TERSE_OK, "%s", terse_last_error());
+}
+
+static terse__fabric *open_self(const char *prov) {
+    terse__fabric *f = NULL;
+    cr_assert_eq(terse__fabric_open(prov, 1, 0, 1, &f), TERSE_OK, "%s", terse_last_error());
+    join_self(f);
     return f;
+}
+
+/* Send an 8-byte string to ourselves (tag 1) and check it arrives. */
+static void echo_self(terse__fabric *f, const char *msg) {
+    uint8_t in[8] = {0};
+    terse__fabric_req r[2];
+    cr_assert_eq(terse__fabric_irecv(f, 0, 1, in, 8, &r[0]), TERSE_OK);
+    cr_assert_eq(terse__fabric_isend(f, 0, 1, msg, 8, &r[1]), TERSE_OK);
+    cr_assert_eq(terse__fabric_wait(f, r, 2, in_ms(5000), NULL, NULL), TERSE_OK, "%s",
+                 terse_last_error());
+    cr_expect_str_eq((char *)in, msg);
 }
 
 /* A file under the name libfabric's shm would give our region
@@ -160,17 +176,8 @@ Test(fabric_local, shm_opens_over_a_dead_or_planted_region_under_its_default_nam
     }
     cr_assert_eq(st, TERSE_OK, "%s", why);
     cr_expect_eq(kept, 8);
-    uint8_t name[NAME_CAP];
-    size_t len = sizeof name;
-    cr_assert_eq(terse__fabric_name(f, name, &len), TERSE_OK);
-    cr_assert_eq(terse__fabric_set_peers(f, name, len), TERSE_OK, "%s", terse_last_error());
-    uint8_t in[8] = {0};
-    terse__fabric_req r[2];
-    cr_assert_eq(terse__fabric_irecv(f, 0, 1, in, 8, &r[0]), TERSE_OK);
-    cr_assert_eq(terse__fabric_isend(f, 0, 1, "planted", 8, &r[1]), TERSE_OK);
-    cr_assert_eq(terse__fabric_wait(f, r, 2, in_ms(5000), NULL, NULL), TERSE_OK, "%s",
-                 terse_last_error());
-    cr_expect_str_eq((char *)in, "planted");
+    join_self(f);
+    echo_self(f, "planted");
     terse__fabric_close(f);
 }
 
@@ -187,13 +194,7 @@ Test(fabric_local, misuse_is_invalid_and_leaves_the_fabric_usable) {
     cr_expect_eq(terse__fabric_isend(f, 0, (uint64_t)1 << 48, b, 8, &q), TERSE_ERR_INVALID);
     cr_expect(strstr(terse_last_error(), "top 16 bits"), "%s", terse_last_error());
     cr_expect_eq(terse__fabric_irecv(f, 0, 1, NULL, 8, &q), TERSE_ERR_INVALID);
-    terse__fabric_req r[2];
-    uint8_t in[8] = {0};
-    cr_assert_eq(terse__fabric_irecv(f, 0, 1, in, 8, &r[0]), TERSE_OK);
-    cr_assert_eq(terse__fabric_isend(f, 0, 1, "abcdefg", 8, &r[1]), TERSE_OK);
-    cr_assert_eq(terse__fabric_wait(f, r, 2, in_ms(5000), NULL, NULL), TERSE_OK, "%s",
-                 terse_last_error());
-    cr_expect_str_eq((char *)in, "abcdefg");
+    echo_self(f, "abcdefg");
     terse__fabric_close(f);
 }
 

@@ -31,6 +31,15 @@ static float grad(int w, int t, size_t key, size_t i) {
     return (float)((int)((w * 7 + t * 3 + (int)key * 5 + (int)i) % 17) - 8) / 16.0f;
 }
 
+/* A rank's parameter-server statistics. */
+static terse_ps_stats ps_stats_of(terse_ps *ps) {
+    terse_ps_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    terse_ps_get_stats(ps, &st);
+    return st;
+}
+
 static int make_ps(terse_comm *c, tr_out *o, const ps_job *j, terse_ps **ps) {
     terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
     cfg.num_servers = j->servers;
@@ -43,15 +52,6 @@ static int make_ps(terse_comm *c, tr_out *o, const ps_job *j, terse_ps **ps) {
     return 0;
 }
 
-/* A server's statistics, after serving. */
-static terse_ps_stats server_stats(terse_ps *ps) {
-    terse_ps_stats st;
-    memset(&st, 0, sizeof st);
-    st.size = sizeof st;
-    terse_ps_get_stats(ps, &st);
-    return st;
-}
-
 /* Sync training: every worker pushpulls each key each step; the final
  * value of key 0 and a hash of every step's result are reported. */
 static int sync_body(terse_comm *c, tr_out *o, const void *arg) {
@@ -61,10 +61,7 @@ static int sync_body(terse_comm *c, tr_out *o, const void *arg) {
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         TR_CALL(o, terse_ps_serve(ps));
-        terse_ps_stats st;
-        memset(&st, 0, sizeof st);
-        st.size = sizeof st;
-        terse_ps_get_stats(ps, &st);
+        terse_ps_stats st = ps_stats_of(ps);
         o->u[0] = st.steps_closed;
         o->u[1] = st.pushes_applied;
         terse_ps_free(ps);
@@ -128,6 +125,17 @@ typedef struct q_job {
 
 #define QN 2000
 
+/* The server holds one key of QN floats and runs SGD at lr 0.5, in mode. */
+static int sgd_ps(terse_comm *c, tr_out *o, const char *mode, terse_ps **ps) {
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    cfg.update = TERSE_PS_UPDATE_SGD;
+    cfg.lr = 0.5f;
+    TR_CALL(o, terse_ps_config_parse(mode, &cfg));
+    TR_CALL(o, terse_ps_create(c, &cfg, ps));
+    TR_CALL(o, terse_ps_declare(*ps, 0, QN, NULL, NULL, NULL));
+    return 0;
+}
+
 /* 1 server, 3 workers, sync:quorum=2, the server holds parameters (sgd,
  * lr 0.5). */
 static int quorum_body(terse_comm *c, tr_out *o, const void *arg) {
@@ -145,10 +153,7 @@ static int quorum_body(terse_comm *c, tr_out *o, const void *arg) {
         terse_status s = terse_ps_serve(ps);
         o->u[5] = (uint64_t)s;
         snprintf(o->err, sizeof o->err, "%s", terse_last_error());
-        terse_ps_stats st;
-        memset(&st, 0, sizeof st);
-        st.size = sizeof st;
-        terse_ps_get_stats(ps, &st);
+        terse_ps_stats st = ps_stats_of(ps);
         o->u[0] = st.late_dropped;
         o->u[1] = st.steps_closed;
         o->u[2] = st.workers_lost;
@@ -171,11 +176,7 @@ static int quorum_body(terse_comm *c, tr_out *o, const void *arg) {
             for (size_t i = 0; i < QN; i++) o->f[i] = buf[i];
         TR_CALL(o, terse_ps_clock(ps));
     }
-    terse_ps_stats st;
-    memset(&st, 0, sizeof st);
-    st.size = sizeof st;
-    terse_ps_get_stats(ps, &st);
-    o->u[3] = st.stale_refused;
+    o->u[3] = ps_stats_of(ps).stale_refused;
     TR_CALL(o, terse_ps_finish(ps));
     terse_ps_free(ps);
     return 0;
@@ -334,20 +335,12 @@ Test(ps, server_killed_fails_the_workers_naming_it) {
  * multiples of 1/16, lr 0.5, weight 1/2: every partial sum is a float). */
 static int async_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
-    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
-    cfg.update = TERSE_PS_UPDATE_SGD;
-    cfg.lr = 0.5f;
-    TR_CALL(o, terse_ps_config_parse("async:max_staleness=1", &cfg));
     terse_ps *ps = NULL;
-    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
-    TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
+    if (sgd_ps(c, o, "async:max_staleness=1", &ps)) return 1;
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         TR_CALL(o, terse_ps_serve(ps));
-        terse_ps_stats st;
-        memset(&st, 0, sizeof st);
-        st.size = sizeof st;
-        terse_ps_get_stats(ps, &st);
+        terse_ps_stats st = ps_stats_of(ps);
         o->u[0] = st.refused_stale;
         o->u[1] = st.pushes_applied;
         o->u[2] = st.staleness_max;
@@ -412,13 +405,8 @@ Test(ps, async_refuses_pushes_over_max_staleness) {
  * clock c may return only after worker 2 started its push of clock c - 1. */
 static int ssp_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
-    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
-    cfg.update = TERSE_PS_UPDATE_SGD;
-    cfg.lr = 0.5f;
-    TR_CALL(o, terse_ps_config_parse("ssp:1", &cfg));
     terse_ps *ps = NULL;
-    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
-    TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
+    if (sgd_ps(c, o, "ssp:1", &ps)) return 1;
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         TR_CALL(o, terse_ps_serve(ps));
@@ -461,17 +449,12 @@ Test(ps, ssp_pull_waits_for_the_slowest_within_the_bound) {
  * (the bound counts the refused clock as pushed). */
 static int ssp_nonfinite_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
-    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
-    cfg.update = TERSE_PS_UPDATE_SGD;
-    cfg.lr = 0.5f;
-    TR_CALL(o, terse_ps_config_parse("ssp:0", &cfg));
     terse_ps *ps = NULL;
-    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
-    TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
+    if (sgd_ps(c, o, "ssp:0", &ps)) return 1;
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         TR_CALL(o, terse_ps_serve(ps));
-        terse_ps_stats st = server_stats(ps);
+        terse_ps_stats st = ps_stats_of(ps);
         o->u[0] = st.refused_nonfinite, o->u[1] = st.pushes_applied;
         terse_ps_free(ps);
         return 0;
@@ -530,7 +513,7 @@ static int rounds_body(terse_comm *c, tr_out *o, const void *arg) {
     if (terse_ps_is_server(ps)) {
         terse_status served = terse_ps_serve(ps); /* names the lost worker, went on */
         if (!(dies && served == TERSE_ERR_PEER_LOST)) TR_CALL(o, served);
-        terse_ps_stats st = server_stats(ps);
+        terse_ps_stats st = ps_stats_of(ps);
         o->u[0] = st.steps_closed, o->u[1] = st.deadline_closes, o->u[2] = st.late_dropped;
         terse_ps_free(ps);
         return 0;
@@ -854,10 +837,7 @@ static int bad_body(terse_comm *c, tr_out *o, const void *arg) {
             snprintf(o->err, sizeof o->err, "%s", rep_.text);
         }
         TR_CALL(o, terse_ps_serve(ps));
-        terse_ps_stats st;
-        memset(&st, 0, sizeof st);
-        st.size = sizeof st;
-        terse_ps_get_stats(ps, &st);
+        terse_ps_stats st = ps_stats_of(ps);
         o->u[1] = st.refused_role;
         o->u[2] = st.refused_key;
         o->u[3] = st.refused_corrupt;
@@ -980,7 +960,7 @@ static int robust_body(terse_comm *c, tr_out *o, const void *arg) {
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         TR_CALL(o, terse_ps_serve(ps));
-        terse_ps_stats st = server_stats(ps);
+        terse_ps_stats st = ps_stats_of(ps);
         o->u[0] = st.steps_closed, o->u[1] = st.pushes_applied, o->u[2] = st.refused_nonfinite;
         terse_ps_free(ps);
         return 0;
