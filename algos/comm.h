@@ -68,7 +68,7 @@ struct terse_request {
         struct { const void *send; size_t send_bytes; void *recv; size_t recv_cap;
                  size_t *counts; } ag;
         struct { terse__ext_fn run; void *obj; void *item; int op; size_t key; float *buf;
-                 uint64_t clock; const char *name; } ext;
+                 uint64_t clock; float weight; const char *name; } ext;
     } a;
     terse_request *next;    /* the queue, or the next member of a group */
     terse_request *members; /* TERSE__OP_GROUP: its members, in start order */

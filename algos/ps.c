@@ -266,8 +266,10 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     ps->reps = calloc(S, sizeof *ps->reps);
     ps->peers = ps->is_server ? calloc(N, sizeof *ps->peers) : NULL;
     ps->inputs = calloc(N, sizeof *ps->inputs);
+    ps->wts = calloc(N, sizeof *ps->wts);
     if (!ps->placed || !ps->seq || !ps->sbuf || !ps->sbuf_cap || !ps->rbuf || !ps->rbuf_cap ||
-        !ps->whdr || !ps->wrep || !ps->reps || (ps->is_server && !ps->peers) || !ps->inputs) {
+        !ps->whdr || !ps->wrep || !ps->reps || (ps->is_server && !ps->peers) || !ps->inputs ||
+        !ps->wts) {
         s = TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
         goto fail;
     }
@@ -464,7 +466,7 @@ void terse_ps_free(terse_ps *ps) {
     free(ps->placed), free(ps->seq);
     free(ps->sbuf_cap), free(ps->rbuf_cap), free(ps->sbuf), free(ps->rbuf);
     free(ps->whdr), free(ps->wrep), free(ps->reps);
-    free(ps->peers), free(ps->inputs), free(ps->scratch);
+    free(ps->peers), free(ps->inputs), free(ps->wts), free(ps->scratch);
     free(ps->ring_hash), free(ps->ring_server);
     if (ps->quorum_log) fclose(ps->quorum_log);
     free(ps);

@@ -50,6 +50,7 @@ typedef struct terse__ps_hdr {
     uint64_t seq;
     uint64_t nfloats;   /* floats of the key on this server */
     uint32_t decl_hash; /* the worker's declaration of the key */
+    float weight;       /* push: its weight in a weighted mean (1: unweighted) */
 } terse__ps_hdr;
 
 /* A reply header, decoded. */
@@ -98,6 +99,7 @@ typedef struct terse__ps_shard {
     uint8_t **rx;
     size_t *rx_cap;
     float **got;        /* sync: the decoded push of the open step */
+    float *wt;          /* sync: its weight (terse_ps_push_weighted; 1 otherwise) */
     uint8_t *has;
     int count;
     uint64_t *pushed;   /* ssp: pushes applied from each worker (its next clock) */
@@ -158,6 +160,10 @@ size_t terse__ps_first_nonfinite(const float *x, size_t n);
 terse_status terse__ps_parse_int(const char *what, const char *spec, const char *tok,
                                  const char *v, int lo, int hi, int *out);
 
+/* Sum of wt[j] in[j] over sum of wt[j] (pushes weighted by examples,
+ * terse_ps_push_weighted), in double, in input order. */
+void terse__ps_agg_weighted_mean(const float *const *in, const float *wt, size_t k, size_t n,
+                                 float *out);
 terse_status terse__ps_agg_mean(const terse__ps_agg_params *p, const float *const *in, size_t k,
                                 size_t n, float *out, float *center);
 terse_status terse__ps_agg_median(const terse__ps_agg_params *p, const float *const *in, size_t k,
@@ -237,6 +243,7 @@ struct terse_ps {
     float *scratch;
     size_t scratch_cap;
     const float **inputs;
+    float *wts;           /* close_step: the inputs' weights */
     uint64_t heard_ns;    /* when a worker's request last arrived */
     int served;           /* terse_ps_serve ran: it runs once */
     char broken[400];     /* sync without a quorum after a loss */

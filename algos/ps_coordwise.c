@@ -32,6 +32,17 @@ terse_status terse__ps_agg_mean(const terse__ps_agg_params *p, const float *cons
     return TERSE_OK;
 }
 
+void terse__ps_agg_weighted_mean(const float *const *in, const float *wt, size_t k, size_t n,
+                                 float *out) {
+    double total = 0;
+    for (size_t j = 0; j < k; j++) total += wt[j];
+    for (size_t i = 0; i < n; i++) {
+        double acc = 0;
+        for (size_t j = 0; j < k; j++) acc += (double)wt[j] * in[j][i];
+        out[i] = (float)(acc / total);
+    }
+}
+
 static void sort_floats(float *v, size_t k) {
     for (size_t a = 1; a < k; a++) {
         float x = v[a];

@@ -74,11 +74,12 @@ terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *i
     sh->rx = calloc(N, sizeof *sh->rx);
     sh->rx_cap = calloc(N, sizeof *sh->rx_cap);
     sh->got = calloc(N, sizeof *sh->got);
+    sh->wt = calloc(N, sizeof *sh->wt);
     sh->has = calloc(N, 1);
     sh->pushed = calloc(N, sizeof *sh->pushed);
     sh->pulled = calloc(N, sizeof *sh->pulled);
     if (!sh->chunks || !sh->offs || !sh->dec || !sh->enc || !sh->rx || !sh->rx_cap || !sh->got ||
-        !sh->has || !sh->pushed || !sh->pulled)
+        !sh->wt || !sh->has || !sh->pushed || !sh->pulled)
         return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
     size_t j = 0;
     for (size_t c = 0; c < k->nchunks; c++) {
@@ -132,7 +133,7 @@ void terse__ps_shard_free(terse_ps *ps, terse__ps_shard *sh) {
     }
     if (sh->cur && sh->cur->refs == 0) blob_free(sh->cur);
     free(sh->chunks), free(sh->offs), free(sh->dec), free(sh->enc);
-    free(sh->rx), free(sh->rx_cap), free(sh->got), free(sh->has);
+    free(sh->rx), free(sh->rx_cap), free(sh->got), free(sh->wt), free(sh->has);
     free(sh->pushed), free(sh->pulled), free(sh->value), free(sh->mom), free(sh->center);
     free(sh);
 }
@@ -354,11 +355,19 @@ static void quorum_log(terse_ps *ps, terse__ps_shard *sh, size_t key) {
 static terse_status close_step(terse_ps *ps, size_t key, int by_deadline) {
     terse__ps_shard *sh = ps->keys[key]->shard;
     size_t k = 0;
+    int weighted = 0;
     for (int w = ps->nservers; w < ps->nranks; w++)
-        if (sh->has[w] == 1) ps->inputs[k++] = sh->got[w];
+        if (sh->has[w] == 1) {
+            weighted |= sh->wt[w] != 1.0f;
+            ps->wts[k] = sh->wt[w];
+            ps->inputs[k++] = sh->got[w];
+        }
     if (!sh->count && !by_deadline) return TERSE_OK;
     uint64_t t0 = terse__now_ns();
-    if (k) {
+    if (k && weighted) { /* the mean (handle_push refuses weights elsewhere) */
+        terse__ps_agg_weighted_mean(ps->inputs, ps->wts, k, sh->nfloats, ps->scratch);
+        ps->rule->apply(&ps->cfg, sh->value, sh->mom, ps->scratch, sh->nfloats, 1.0f);
+    } else if (k) {
         TERSE_CHECK(ps->agg->aggregate(&ps->agg_params, ps->inputs, k, sh->nfloats, ps->scratch,
                                        sh->center));
         ps->rule->apply(&ps->cfg, sh->value, sh->mom, ps->scratch, sh->nfloats, 1.0f);
@@ -434,6 +443,12 @@ static terse_status handle_push(terse_ps *ps, int w) {
     const uint64_t clock = p->h.clock;
     const int then_pull = p->h.op == TERSE__PS_PUSHPULL;
     if (ps->broken[0]) return refuse(ps, w, R_LOST, "%s", ps->broken);
+    if (p->h.weight != 1.0f &&
+        (ps->cfg.mode != TERSE_PS_SYNC || ps->agg->aggregate != terse__ps_agg_mean))
+        return refuse(ps, w, R_STEP,
+                      "a push weighted %g: weighted pushes need sync mode with the mean "
+                      "aggregator",
+                      (double)p->h.weight);
     if (ps->cfg.mode == TERSE_PS_SYNC) {
         if (clock < sh->version) {
             if (ps->cfg.quorum || ps->cfg.deadline_ms) { /* closed without it, by design */
@@ -468,6 +483,7 @@ static terse_status handle_push(terse_ps *ps, int w) {
             return refuse(ps, w, R_CORRUPT, "key %zu's payload does not decode: %s", key,
                           terse_last_error());
         size_t bad = terse__ps_first_nonfinite(sh->got[w], sh->nfloats);
+        sh->wt[w] = p->h.weight;
         sh->has[w] = bad < sh->nfloats ? 2 : 1; /* a left-out push still counts as pushed */
         sh->count++;
         uint64_t before = sh->version;
@@ -542,6 +558,11 @@ static terse_status handle_header(terse_ps *ps, int w) {
     if (h.op == TERSE__PS_FINISH && h.payload_len)
         return refuse_drain(ps, w, R_CORRUPT, "a finish with a %llu-byte payload",
                             (unsigned long long)h.payload_len);
+    if (!(h.weight > 0.0f && h.weight <= 3.0e38f)) /* NaN fails too */
+        return refuse_drain(ps, w, R_CORRUPT, "a push weight of %g is not a positive finite number",
+                            (double)h.weight);
+    if (h.weight != 1.0f && h.op != TERSE__PS_PUSH && h.op != TERSE__PS_PUSHPULL)
+        return refuse_drain(ps, w, R_CORRUPT, "a weight on a request that pushes nothing");
     if (h.op == TERSE__PS_FINISH) {
         p->finished = 1;
         TERSE_CHECK(send_reply(ps, w, TERSE_OK, 0, NULL, 0, NULL));

@@ -121,7 +121,7 @@ static terse_status refused(terse_ps *ps, int op, size_t key, int s, const terse
 }
 
 static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key, float *buf,
-                             uint64_t clock, int *keep_usable) {
+                             uint64_t clock, float weight, int *keep_usable) {
     terse_comm *c = ps->comm;
     const int S = ps->nservers, push = op == TERSE__PS_PUSH || op == TERSE__PS_PUSHPULL,
               pull = op == TERSE__PS_PULL || op == TERSE__PS_PUSHPULL;
@@ -138,7 +138,7 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
         if (!need[s]) continue;
         if (push) TERSE_CHECK(encode_for(ps, k, s, buf, &plen[s]));
         terse__ps_hdr h = {op, key, clock, plen[s], ps->seq[s], k ? k->srv_floats[s] : 0,
-                           k ? k->decl_hash : 0};
+                           k ? k->decl_hash : 0, weight};
         terse__ps_put_hdr(ps->whdr + s * TERSE__PS_HDR_BYTES, &h);
     }
     terse__comm_codec_time(c, t0);
@@ -226,10 +226,11 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
 terse_status terse__ps_worker_run(terse_comm *c, terse_request *r, int *keep_usable) {
     (void)c;
     return exchange(r->a.ext.obj, r->a.ext.item, r->a.ext.op, r->a.ext.key, r->a.ext.buf,
-                    r->a.ext.clock, keep_usable);
+                    r->a.ext.clock, r->a.ext.weight, keep_usable);
 }
 
-static terse_status start(terse_ps *ps, int op, size_t key, float *buf, terse_request **req) {
+static terse_status start(terse_ps *ps, int op, size_t key, float *buf, float weight,
+                          terse_request **req) {
     const char *what = op_name(op);
     if (!ps) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: ps is NULL", what);
     if (ps->is_server)
@@ -253,6 +254,7 @@ static terse_status start(terse_ps *ps, int op, size_t key, float *buf, terse_re
     t.a.ext.key = key;
     t.a.ext.buf = buf;
     t.a.ext.clock = ps->clock; /* the step this request belongs to, as started */
+    t.a.ext.weight = weight;
     t.a.ext.name = what;
     if (!req) return terse__engine_run_ext(ps->comm, &t);
     return terse__engine_start_ext(ps->comm, &t, req);
@@ -260,21 +262,41 @@ static terse_status start(terse_ps *ps, int op, size_t key, float *buf, terse_re
 
 terse_status terse_ps_push(terse_ps *ps, size_t key, const float *grad, terse_request **req) {
     /* Only read (the buffer field serves pull too). */
-    return start(ps, TERSE__PS_PUSH, key, (float *)(uintptr_t)grad, req);
+    return start(ps, TERSE__PS_PUSH, key, (float *)(uintptr_t)grad, 1.0f, req);
+}
+
+terse_status terse_ps_push_weighted(terse_ps *ps, size_t key, const float *grad, double weight,
+                                    terse_request **req) {
+    if (!ps) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_push_weighted: ps is NULL");
+    if (!(weight > 0.0 && weight <= 3.0e38))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_push_weighted on rank %d: weight %g is not a positive finite "
+                           "number",
+                           ps->rank, weight);
+    if (ps->cfg.mode != TERSE_PS_SYNC || ps->agg->aggregate != terse__ps_agg_mean)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_push_weighted on rank %d: weighted pushes need sync mode "
+                           "with the mean aggregator (this job runs %s mode with %s)",
+                           ps->rank,
+                           ps->cfg.mode == TERSE_PS_SYNC    ? "sync"
+                           : ps->cfg.mode == TERSE_PS_ASYNC ? "async"
+                                                            : "ssp",
+                           ps->aggregator_name[0] ? ps->aggregator_name : "mean");
+    return start(ps, TERSE__PS_PUSH, key, (float *)(uintptr_t)grad, (float)weight, req);
 }
 
 terse_status terse_ps_pull(terse_ps *ps, size_t key, float *out, terse_request **req) {
-    return start(ps, TERSE__PS_PULL, key, out, req);
+    return start(ps, TERSE__PS_PULL, key, out, 1.0f, req);
 }
 
 terse_status terse_ps_pushpull(terse_ps *ps, size_t key, float *buf, terse_request **req) {
-    return start(ps, TERSE__PS_PUSHPULL, key, buf, req);
+    return start(ps, TERSE__PS_PUSHPULL, key, buf, 1.0f, req);
 }
 
 terse_status terse_ps_finish(terse_ps *ps) {
     if (!ps) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_finish: ps is NULL");
     if (ps->finished) return TERSE_OK;
-    terse_status s = start(ps, TERSE__PS_FINISH, (size_t)-1, NULL, NULL);
+    terse_status s = start(ps, TERSE__PS_FINISH, (size_t)-1, NULL, 1.0f, NULL);
     if (s == TERSE_OK) ps->finished = 1;
     return s;
 }

@@ -1000,6 +1000,16 @@ TERSE_API terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n,
  * error, as after any push). */
 TERSE_API terse_status terse_ps_push(terse_ps *ps, size_t key, const float *grad,
                                      terse_request **req);
+/* A push that counts `weight` times in its step's mean (federated
+ * averaging weights each client by its examples): the step's aggregate is
+ * sum(weight_i x push_i) / sum(weight_i) over the pushes the step closed
+ * with (summed in double), so a client dropped from the round takes its
+ * weight with it. weight: positive and finite (else TERSE_ERR_INVALID).
+ * Sync mode with the mean aggregator only: elsewhere TERSE_ERR_INVALID
+ * with a sentence (robust aggregators do not weight their inputs). A step
+ * whose pushes all weigh 1 is aggregated exactly as terse_ps_push's. */
+TERSE_API terse_status terse_ps_push_weighted(terse_ps *ps, size_t key, const float *grad,
+                                              double weight, terse_request **req);
 TERSE_API terse_status terse_ps_pull(terse_ps *ps, size_t key, float *out,
                                      terse_request **req);
 TERSE_API terse_status terse_ps_pushpull(terse_ps *ps, size_t key, float *buf,

@@ -502,8 +502,28 @@ Test(ps, ssp_a_nonfinite_push_is_not_applied_and_holds_nobody) {
 #define DEADLINE_MS 400
 static int sampled(int w, int r) { return r % 2 ? w >= 2 : w <= 2; }
 
+/* Rounds' variants: worker 3 dies in round 1; pushes weighted w + 1
+ * (terse_ps_push_weighted, as federated clients weight by examples). */
+typedef struct {
+    int dies, weighted;
+} rounds_job;
+
+static double rounds_weight(const rounds_job *j, int w) { return j && j->weighted ? w + 1 : 1; }
+
+/* The mean of round r's pushes from the sampled workers not left out. */
+static double rounds_want(const rounds_job *j, int r, int (*out)(int w, int r)) {
+    double want = 0, total = 0;
+    for (int w = 1; w <= 3; w++)
+        if (sampled(w, r) && !out(w, r)) {
+            want += rounds_weight(j, w) * grad(w, r, 0, 0);
+            total += rounds_weight(j, w);
+        }
+    return want / total;
+}
+
 static int rounds_body(terse_comm *c, tr_out *o, const void *arg) {
-    const int dies = arg ? *(const int *)arg : 0; /* worker 3 dies in round 1 */
+    const rounds_job *j = arg;
+    const int dies = j && j->dies;
     terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
     TR_CALL(o, terse_ps_config_parse("sync:quorum=2,deadline_ms=400", &cfg));
     terse_ps *ps = NULL;
@@ -524,7 +544,12 @@ static int rounds_body(terse_comm *c, tr_out *o, const void *arg) {
         if (sampled(rank, r)) {
             if (!dies && r == 2 && rank == 1) usleep(3 * DEADLINE_MS * 1000);
             for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, r, 0, i);
-            o->u[10 + r] = (uint64_t)terse_ps_pushpull(ps, 0, buf, NULL);
+            if (j && j->weighted) {
+                o->u[10 + r] = (uint64_t)terse_ps_push_weighted(ps, 0, buf, rounds_weight(j, rank), NULL);
+                if (o->u[10 + r] == TERSE_OK) o->u[10 + r] = (uint64_t)terse_ps_pull(ps, 0, buf, NULL);
+            } else {
+                o->u[10 + r] = (uint64_t)terse_ps_pushpull(ps, 0, buf, NULL);
+            }
             if (o->u[10 + r] == TERSE_ERR_STALE) TR_CALL(o, terse_ps_pull(ps, 0, buf, NULL));
             else TR_CALL(o, (terse_status)o->u[10 + r]);
         } else {
@@ -541,9 +566,12 @@ static int rounds_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
-Test(ps, rounds_close_on_their_quorum_or_deadline_and_idle_workers_pull_the_result) {
+static int late_in_round_2(int w, int r) { return r == 2 && w == 1; }
+static int dead_from_round_1(int w, int r) { return w == 3 && r >= 1; }
+
+static void rounds_on_time(const rounds_job *j) {
     tr_job job = {"shm", 4, 20000, 60, -1, NULL};
-    tr_out *o = tr_run(&job, rounds_body, NULL);
+    tr_out *o = tr_run(&job, rounds_body, j);
     for (int r = 0; r < ROUNDS; r++) {
         /* everyone holds the round's result, sampled or not -- but worker
          * 1 from round 2 on: late, it catches up to the newest step (its
@@ -551,12 +579,9 @@ Test(ps, rounds_close_on_their_quorum_or_deadline_and_idle_workers_pull_the_resu
          * steps for it, some closed empty by their deadline */
         cr_assert_eq(o[3].hash[r], o[2].hash[r], "round %d: workers 2 and 3 differ", r);
         if (r < 2) cr_assert_eq(o[1].hash[r], o[2].hash[r], "round %d: worker 1 differs", r);
-        double want = 0;
-        int k = 0;
-        for (int w = 1; w <= 3; w++)
-            if (sampled(w, r) && !(r == 2 && w == 1)) want += grad(w, r, 0, 0), k++;
-        cr_assert_float_eq(o[2].f[r], want / k, 1e-6, "round %d: %g, want %g", r,
-                           (double)o[2].f[r], want / k);
+        double want = rounds_want(j, r, late_in_round_2);
+        cr_assert_float_eq(o[2].f[r], want, 1e-6, "round %d: %g, want %g", r, (double)o[2].f[r],
+                           want);
     }
     cr_assert_eq(o[1].u[12], TERSE_ERR_STALE, "the late push: %s", o[1].err);
     /* round 2 by its deadline; after the last round, empty steps may close
@@ -568,20 +593,28 @@ Test(ps, rounds_close_on_their_quorum_or_deadline_and_idle_workers_pull_the_resu
     tr_release(o);
 }
 
+Test(ps, rounds_close_on_their_quorum_or_deadline_and_idle_workers_pull_the_result) {
+    rounds_on_time(NULL);
+}
+
+/* Federated averaging's weights: each round's mean weighs its pushes, and
+ * the late push's weight leaves with it. */
+Test(ps, weighted_rounds_average_by_weight_over_the_pushes_that_made_the_round) {
+    static const rounds_job j = {0, 1};
+    rounds_on_time(&j);
+}
+
 /* A sampled worker killed before its push: its rounds close at their
  * deadline with the others' pushes, and the rest go on unaffected. */
 Test(ps, a_worker_that_dies_mid_round_is_dropped_and_the_round_completes) {
-    static const int dies = 1;
+    static const rounds_job j = {1, 1}; /* weighted: the dead worker's weight goes too */
     tr_job job = {"shm", 4, 20000, 60, 3, NULL};
-    tr_out *o = tr_run(&job, rounds_body, &dies);
+    tr_out *o = tr_run(&job, rounds_body, &j);
     for (int r = 0; r < ROUNDS; r++) {
         cr_assert_eq(o[1].hash[r], o[2].hash[r], "round %d: workers 1 and 2 differ", r);
-        double want = 0;
-        int k = 0;
-        for (int w = 1; w <= 3; w++)
-            if (sampled(w, r) && !(w == 3 && r >= 1)) want += grad(w, r, 0, 0), k++;
-        cr_assert_float_eq(o[2].f[r], want / k, 1e-6, "round %d: %g, want %g", r,
-                           (double)o[2].f[r], want / k);
+        double want = rounds_want(&j, r, dead_from_round_1);
+        cr_assert_float_eq(o[2].f[r], want, 1e-6, "round %d: %g, want %g", r, (double)o[2].f[r],
+                           want);
         if (sampled(2, r)) cr_assert_eq(o[2].u[10 + r], TERSE_OK, "round %d: %s", r, o[2].err);
     }
     cr_assert_geq(o[0].u[1], 2, "rounds 1 and 3 closed by their deadline");
@@ -775,7 +808,7 @@ Test(ps, compression_both_ways_keeps_the_sum_identity_shm) { compression("shm");
 
 static terse__ps_hdr hdr_for(terse_ps *ps, int op, uint64_t key, int s, uint64_t plen) {
     terse__ps_key *k = ps->keys[0];
-    terse__ps_hdr h = {op, key, ps->clock, plen, 0, k->srv_floats[s], k->decl_hash};
+    terse__ps_hdr h = {op, key, ps->clock, plen, 0, k->srv_floats[s], k->decl_hash, 1.0f};
     return h;
 }
 
@@ -829,7 +862,7 @@ static int bad_body(terse_comm *c, tr_out *o, const void *arg) {
         o->u[43] = (uint64_t)terse_ps_push(ps, 0, x, NULL); /* a server may not push */
         if (rank == 1) { /* a rank that is not a worker talks to server 0 */
             static uint8_t pl[2 * BN * 4];
-            terse__ps_hdr h = {TERSE__PS_PUSH, 0, 0, 64, 0, 0, ps->keys[0]->decl_hash};
+            terse__ps_hdr h = {TERSE__PS_PUSH, 0, 0, 64, 0, 0, ps->keys[0]->decl_hash, 1.0f};
             terse__ps_rep rep_;
             memset(&rep_, 0, sizeof rep_);
             TR_CALL(o, terse__ps_test_raw(ps, 0, &h, pl, 64, &rep_));
@@ -869,6 +902,20 @@ static int bad_body(terse_comm *c, tr_out *o, const void *arg) {
     pl[len / 2] ^= 0x40;
     h = hdr_for(ps, TERSE__PS_PULL, 0, s, 16);
     EXPECT(o, 15, terse__ps_test_raw(ps, s, &h, pl, 16, &rep_), TERSE_ERR_CORRUPT);
+    /* A weight on a pull; a weight that is NaN, negative or zero (as bits:
+     * 0 means unweighted, so -0.0) on a push; the API refuses them too. */
+    h = hdr_for(ps, TERSE__PS_PULL, 0, s, 0);
+    h.weight = 2.0f;
+    EXPECT(o, 18, terse__ps_test_raw(ps, s, &h, NULL, 0, &rep_), TERSE_ERR_CORRUPT);
+    const float bad_w[3] = {NAN, -1.0f, -0.0f};
+    for (int b = 0; b < 3; b++) {
+        h = hdr_for(ps, TERSE__PS_PUSH, 0, s, len);
+        h.weight = bad_w[b];
+        EXPECT(o, 19 + b, terse__ps_test_raw(ps, s, &h, pl, len, &rep_), TERSE_ERR_CORRUPT);
+    }
+    o->u[46] = (uint64_t)terse_ps_push_weighted(ps, 0, x, 0.0, NULL);
+    o->u[47] = (uint64_t)terse_ps_push_weighted(ps, 0, x, NAN, NULL);
+    o->u[48] = (uint64_t)terse_ps_push_weighted(ps, 0, x, INFINITY, NULL);
     /* Step 0 for real (one worker: it closes at once), then a push for it again. */
     float y[BN];
     memcpy(y, x, sizeof y);
@@ -910,7 +957,9 @@ Test(ps, bad_input_is_refused_with_a_status_and_serving_goes_on) {
     cr_assert_eq(o[2].u[45], TERSE_ERR_INVALID);
     cr_assert_eq(o[0].u[1], 1, "refused_role %llu", (unsigned long long)o[0].u[1]);
     cr_assert_eq(o[0].u[2] + o[1].u[2], 4, "refused_key");
-    cr_assert_eq(o[0].u[3] + o[1].u[3], 2, "refused_corrupt");
+    cr_assert_eq(o[0].u[3] + o[1].u[3], 6, "refused_corrupt");
+    for (int slot = 46; slot <= 48; slot++)
+        cr_assert_eq(o[2].u[slot], TERSE_ERR_INVALID, "slot %d: a weight of 0, NaN or inf", slot);
     cr_assert_eq(o[0].u[4] + o[1].u[4], 2, "refused_step");
     tr_release(o);
 }
@@ -966,6 +1015,18 @@ static int robust_body(terse_comm *c, tr_out *o, const void *arg) {
         return 0;
     }
     float buf[RN];
+    if (rank == 1) { /* weights are the mean's alone: refused here, and by the server */
+        for (size_t i = 0; i < RN; i++) buf[i] = robust_push(rank, 0, i);
+        o->u[30] = (uint64_t)terse_ps_push_weighted(ps, 0, buf, 2.0, NULL);
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        terse__ps_hdr h = {TERSE__PS_PUSH, 0, 0, 64, 0, RN, ps->keys[0]->decl_hash, 2.0f};
+        static uint8_t pl[64];
+        terse__ps_rep rep;
+        memset(&rep, 0, sizeof rep);
+        TR_CALL(o, terse__ps_test_raw(ps, 0, &h, pl, sizeof pl, &rep));
+        o->u[31] = (uint64_t)rep.status;
+        snprintf(o->err + strlen(o->err), sizeof o->err - strlen(o->err), " | %s", rep.text);
+    }
     for (int t = 0; t < RSTEPS; t++) {
         for (size_t i = 0; i < RN; i++) buf[i] = robust_push(rank, t, i);
         terse_status s = terse_ps_pushpull(ps, 0, buf, NULL);
@@ -994,6 +1055,13 @@ static void robust(const char *prov, const char *agg) {
     const int last = RSTEPS - 1;
     /* rank 4's NaN push is refused naming the element; the step closes
      * without it */
+    cr_assert_eq(o[1].u[30], TERSE_ERR_INVALID, "a weighted push under %s: %s", agg, o[1].err);
+    cr_assert(strstr(o[1].err, "need sync mode with the mean aggregator (this job runs sync mode "
+                               "with "),
+              "%s", o[1].err);
+    cr_assert_eq(o[1].u[31], TERSE_ERR_INVALID, "a forged weighted push under %s: %s", agg,
+                 o[1].err);
+    cr_assert(strstr(o[1].err, "| a push weighted 2: weighted pushes need"), "%s", o[1].err);
     cr_assert_eq(o[4].u[10 + last], TERSE_ERR_NONFINITE, "rank 4: %s", o[4].err);
     cr_assert(strstr(o[4].err, "left out of the step's aggregate"), "%s", o[4].err);
     cr_assert_eq(o[0].u[2], 1, "refused_nonfinite %llu", (unsigned long long)o[0].u[2]);
@@ -1159,7 +1227,7 @@ static int short_body(terse_comm *c, tr_out *o, const void *arg) {
     for (int round = 0; round < 3; round++) {
         terse__ps_key *k = ps->keys[0];
         terse__ps_hdr h = {TERSE__PS_PUSH, 0, ps->clock, k->srv_push_bound[0], 0,
-                           k->srv_floats[0], k->decl_hash};
+                           k->srv_floats[0], k->decl_hash, 1.0f};
         terse__ps_rep rep_;
         memset(&rep_, 0, sizeof rep_);
         TR_CALL(o, terse__ps_test_raw(ps, 0, &h, junk, sizeof junk, &rep_));

@@ -815,9 +815,18 @@ class PS(_Closing):
             raise ValueError("key %r is not declared (declared: 0..%d)" % (key, len(self._sizes) - 1))
         return self._sizes[int(key)]
 
-    def push(self, key, grad, block=True):
-        """Push grad; with block=False returns a Request."""
-        return self._req("push", _lib.terse_ps_push, key, grad, False, block)
+    def push(self, key, grad, block=True, weight=None):
+        """Push grad; with block=False returns a Request. weight: the
+        push's weight in its step's mean (terse_ps_push_weighted: sync mode
+        with the mean aggregator; e.g. a federated client's example count)."""
+        if weight is None:
+            return self._req("push", _lib.terse_ps_push, key, grad, False, block)
+        w = float(weight)
+
+        def weighted(ps, key, addr, req):
+            return _lib.terse_ps_push_weighted(ps, key, addr, w, req)
+
+        return self._req("push", weighted, key, grad, False, block)
 
     def pull(self, key, out, block=True):
         return self._req("pull", _lib.terse_ps_pull, key, out, True, block)

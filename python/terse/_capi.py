@@ -220,6 +220,7 @@ PROTOTYPES = {
     "terse_ps_is_server": (_int, [handle]),
     "terse_ps_declare": (status, [handle, _sz, _sz, _str, _str, _vp]),
     "terse_ps_push": (status, [handle, _sz, _vp, P(handle)]),
+    "terse_ps_push_weighted": (status, [handle, _sz, _vp, ctypes.c_double, P(handle)]),
     "terse_ps_pull": (status, [handle, _sz, _vp, P(handle)]),
     "terse_ps_pushpull": (status, [handle, _sz, _vp, P(handle)]),
     "terse_ps_clock": (status, [handle]),

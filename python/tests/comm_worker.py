@@ -163,6 +163,11 @@ elif scenario == "ps":
             res["digest"] = digest(g)
             res["key1"] = float(y2[0])
             ps.clock()
+            w3 = np.full(N, float(r), np.float32)   # weighted by r: (1*1 + 2*2) / 3
+            ps.push(0, w3, weight=r)
+            ps.pull(0, w3)
+            res["step3"] = float(w3[0])
+            ps.clock()
             try:
                 ps.push(7, g)
                 res["badkey"] = "no error"

@@ -170,11 +170,12 @@ def test_parameter_server_from_python(ranks, provider):
     for w in (w1, w2):
         assert abs(w["step1"] - (1 - 0.1 * 1.5)) < 1e-6
         assert abs(w["step2"] - (1 - 0.2 * 1.5)) < 1e-6
-        assert abs(w["key1"] - (0 - 0.2 * 1.0)) < 0.01 and w["clock"] == 2
-        assert w["pushes"] == 4
+        assert abs(w["key1"] - (0 - 0.2 * 1.0)) < 0.01 and w["clock"] == 3
+        assert abs(w["step3"] - (1 - 0.2 * 1.5 - 0.1 * 5 / 3)) < 1e-6
+        assert w["pushes"] == 5
         assert "key 7 is not declared" in w["badkey"]
     assert w1["digest"] == w2["digest"]     # sync: bitwise identical on every worker
-    assert srv["applied"] == 8 and srv["closed"] == 4
+    assert srv["applied"] == 10 and srv["closed"] == 5
 
 
 def test_ps_aggregator_check_names_what_cannot_hold():
