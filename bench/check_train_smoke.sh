@@ -174,6 +174,34 @@ else
     cat "$tmp/robust.err"
 fi
 
+# 5e. Federated averaging, tiny: the fed sweep's baseline and four FedAvg
+#     runs (iid and dirichlet:0.3, dense and int8:ef=1) with 6 clients, 3 a
+#     round, and clients that drop out of rounds (each then closes at its
+#     deadline): every run trains, int8 sends about a quarter of dense's
+#     uplink, the drop-outs are counted, and the plot is drawn.
+fed=(--fed-sweep --clients 6 --fraction 0.5 --rounds 8 --epochs 1 --train-limit 6000
+     --test-limit 1000 --dropout 0.2 --deadline-ms 1500)
+if "$bench" train "${fed[@]}" --plot "$tmp/fed.png" >"$tmp/fed.txt" 2>"$tmp/fed.err"; then
+    rows=$(sed -n "/^# to the final accuracy of the baseline/,\$p" "$tmp/fed.txt" |
+           grep -cE '^fedavg:1 (iid|dir0.3) (dense|int8:ef=1) +1 +[0-9.]+ +([0-9]+|-) ')
+    [[ $rows == 4 ]] || { bad "fed sweep: expected 4 rows to the baseline's accuracy, got $rows"; cat "$tmp/fed.txt"; }
+    # the last round's uplink of each fedavg run: int8 against dense
+    ratio=$(awk '/^fedavg:1 iid (dense|int8)/ && $5 == 8 && $9 == "MB" { mb[$3] = $8 }
+                 END { if (mb["int8:ef=1"] > 0) printf "%.2f", mb["dense"] / mb["int8:ef=1"] }' "$tmp/fed.txt")
+    awk -v r="$ratio" 'BEGIN { exit !(r + 0 > 3.0 && r + 0 < 4.2) }' ||
+        { bad "fed sweep: dense / int8 uplink is '$ratio', expected about 4"; cat "$tmp/fed.txt"; }
+    acc=$(awk '/^fedavg:1 iid dense/ && $5 == 8 { print $6 }' "$tmp/fed.txt")
+    awk -v a="$acc" 'BEGIN { exit !(a + 0 > 60) }' || bad "fed sweep: iid dense ended at '$acc'%"
+    grep -qE 'fedavg:1 iid dense: [1-9][0-9]* sampled clients dropped out of their round' "$tmp/fed.err" ||
+        { bad "fed sweep: no drop-outs counted"; cat "$tmp/fed.err"; }
+    grep -q 'dirichlet:0.3 shards hold [0-9]* to [0-9]* examples' "$tmp/fed.err" ||
+        bad "fed sweep: the dirichlet shards were not reported"
+    [[ -s "$tmp/fed.png" ]] || bad "fed sweep: no plot"
+else
+    bad "terse-bench train --fed-sweep exited non-zero"
+    cat "$tmp/fed.err"
+fi
+
 # 6. A tiny sweep over 3 seeds: every configuration gets a row, the plot is
 #    drawn, and a row's paired interval is what the same runs' CSV gives
 #    (the runs are deterministic) by hand: mean of (row - dense) per seed,
@@ -275,7 +303,7 @@ expect_fail 2 "expected softmax, mlp or cnn" --model resnet
 expect_fail 2 "expected none, cosine or step" --schedule linear
 expect_fail 2 "expected none, cosine or step" --schedule step:0.7,0.5
 expect_fail 2 "--warmup" --warmup 0.9
-expect_fail 2 "server's constant learning rate" --mode ps:sync --schedule cosine
+expect_fail 2 "run a constant learning rate" --mode ps:sync --schedule cosine
 expect_fail 2 "expected accordion:low=SPEC,high=SPEC" --adapt accordion:low=int8
 expect_fail 2 "expected accordion:low=SPEC,high=SPEC" --adapt accordion:low=int8,high=dense
 expect_fail 2 "drop --codec" --adapt accordion:low=int8,high=sign --codec fp16
@@ -315,6 +343,13 @@ expect_fail 2 "runs --mode ps:sync" --robust-sweep --mode ps:async
 expect_fail 2 "compressed half" --robust-sweep --codec dense
 expect_fail 2 "n >= 2f+3" --mode ps:sync --workers 4 --aggregator krum:f=1
 expect_fail 2 "unknown aggregator" --mode ps:sync --aggregator mode
+expect_fail 2 "needs --deadline-ms" --mode fedavg:1 --dropout 0.1
+expect_fail 2 "apply to --mode fedavg:E" --fraction 0.5
+expect_fail 2 "expected iid or dirichlet:ALPHA" --mode fedavg:1 --partition dirichlet:x
+expect_fail 2 "fedavg:E (E >= 1)" --mode fedavg:0
+expect_fail 2 "neither --aggregator" --mode fedavg:1 --aggregator median
+expect_fail 2 "--fed-sweep runs --mode fedavg" --fed-sweep --mode ps:sync
+expect_fail 2 "--clients and --workers differ" --workers 4 --clients 6
 expect_fail 1 "dataset-fashion-mnist" --data "$tmp/nowhere" "${subset[@]}"
 "$bench" train --help >"$tmp/help" || bad "--help exited non-zero"
 grep -q -- "--sweep" "$tmp/help" || bad "--help does not document --sweep"

@@ -25,6 +25,15 @@
 /* The CNN's default learning rate: at 0.1, seeds 1-3 ended at 87.36, 83.59
  * and 87.85% (one stalls); at 0.05, 87.69, 86.80, 86.89%. */
 #define TRAIN_CNN_LR 0.05
+/* fedavg's defaults (McMahan et al.'s C = 0.1 of 100 clients is 10 a round;
+ * 2 cores hold 10 client processes, 3 of them training at once), the fed
+ * sweep's compressed codec and its non-iid partition. */
+#define TRAIN_FED_CLIENTS 10
+#define TRAIN_FED_FRACTION 0.3
+#define TRAIN_FED_ROUNDS 20
+#define TRAIN_FED_CODEC "int8:ef=1"
+#define TRAIN_FED_ALPHA 0.3
+#define TRAIN_FED_ALPHA_TEXT "0.3"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -102,6 +111,33 @@ static void usage(FILE *f) {
 "                        and --momentum-at local unless given; prints one\n"
 "                        table per codec and the checks, and draws\n"
 "                        terse-robust.png (--plot PATH)\n"
+"  --mode fedavg:E       federated averaging (McMahan et al. 2017) on the\n"
+"                        parameter server: each worker process is a client\n"
+"                        with its own shard (and so its own error feedback);\n"
+"                        each round a sample of the clients trains E local\n"
+"                        epochs of plain SGD (--lr, --batch) and pushes its\n"
+"                        model change through --codec, weighted by its\n"
+"                        examples; the server averages the round (sync with\n"
+"                        a quorum of the sample, SGD at lr 1)\n"
+"  --clients N           fedavg: clients, i.e. worker processes (10)\n"
+"  --fraction F          fedavg: clients sampled each round, round(F x N),\n"
+"                        at least 1 (0.3)\n"
+"  --partition P         fedavg: iid (default) or dirichlet:A, each class split\n"
+"                        over the clients by Dirichlet(A) shares (small A:\n"
+"                        skewed labels, e.g. dirichlet:0.3)\n"
+"  --rounds R            fedavg: rounds (20); evaluated every round unless\n"
+"                        --eval-every\n"
+"  --dropout P           fedavg: a sampled client drops out of its round (no\n"
+"                        push) with probability P; needs --deadline-ms\n"
+"  --deadline-ms D       fedavg: a round closes D ms after it opened with the\n"
+"                        pushes it has (a later push is refused and counted)\n"
+"  --fed-sweep           a baseline (synchronous SGD through the server, every\n"
+"                        client every step, --epochs epochs) and fedavg on iid\n"
+"                        and dirichlet:0.3 shards, dense and with --codec\n"
+"                        (default int8:ef=1); prints the rounds and uplink\n"
+"                        bytes each takes to the baseline's final accuracy and\n"
+"                        draws terse-fed.png (--plot PATH); fedavg:1 unless\n"
+"                        --mode says otherwise\n"
 "  --straggler W:F       worker index W computes F times slower (it sleeps\n"
 "                        (F-1) x its compute time each step), in every mode\n"
 "  --dp clip=C,noise=S   clip each worker's update to L2 norm C, then add\n"
@@ -339,6 +375,11 @@ static int parse_mode(const char *text, train_options *o) {
         return 0;
     }
     long h;
+    if (strncmp(text, "fedavg:", 7) == 0 && parse_int(text + 7, 1, 1000, &h) == 0) {
+        o->mode = TRAIN_MODE_FEDAVG;
+        o->fed_epochs = (int)h;
+        return 0;
+    }
     if (strncmp(text, "localsgd:", 9) == 0 && parse_int(text + 9, 1, 1000000, &h) == 0) {
         o->mode = TRAIN_MODE_LOCALSGD;
         o->local_steps = (int)h;
@@ -368,6 +409,8 @@ static train_run *add_run(train_options *o, const char *label, const char *spec,
     r->byz_k = o->byz_k;
     r->attack = o->byz_attack;
     r->lr_factor = 1.0;
+    r->fed_epochs = o->fed_epochs;
+    r->alpha = o->alpha;
     return r;
 }
 
@@ -459,6 +502,26 @@ static void robust_sweep_runs(train_options *o, const char *codec) {
                 if (!strcmp(train_robust_aggregators[g], "signvote"))
                     r->lr_factor = TRAIN_ROBUST_SIGN_LR;
             }
+}
+
+/* The fed sweep (--fed-sweep): the baseline, synchronous SGD through the
+ * server with every client every step for --epochs epochs; then FedAvg on
+ * iid and dirichlet:TRAIN_FED_ALPHA shards, dense and with codec. */
+static void fed_sweep_runs(train_options *o, const char *codec) {
+    o->n_runs = 0;
+    train_run *b = add_run(o, "sync SGD", TRAIN_DENSE, 0);
+    b->fed_epochs = 0;
+    b->alpha = 0;
+    for (int p = 0; p < 2; p++)
+        for (int c = 0; c < 2; c++) {
+            const char *spec = c ? codec : TRAIN_DENSE;
+            char label[64];
+            snprintf(label, sizeof label, "fedavg:%d %s %s", o->fed_epochs,
+                     p ? "dir" TRAIN_FED_ALPHA_TEXT : "iid", spec);
+            train_run *r = add_run(o, label, spec, 0);
+            r->ef = strstr(spec, "ef=1") != NULL;
+            r->alpha = p ? TRAIN_FED_ALPHA : 0;
+        }
 }
 
 /* The CNN's sweep (--sweep --model cnn): a run costs about ten times an MLP
@@ -565,7 +628,7 @@ static int check_override(const train_options *o, const char *ov, char *names, s
 typedef struct {
     const char *codec;
     int have_codec, have_seeds, have_small_codec, have_schedule, have_lr;
-    int have_workers, have_mode, have_momentum_at;
+    int have_workers, have_mode, have_momentum_at, have_clients, have_partition;
     train_run adapt; /* --adapt, parsed */
 } parse_state;
 
@@ -575,7 +638,8 @@ static int takes_value(const char *a) {
         "--model", "-n", "--workers", "--epochs", "--batch", "--lr", "--momentum",
         "--momentum-at", "--schedule", "--warmup", "--seed", "--seeds", "--mode", "--dp", "--codec", "--codec-for",
         "--small", "--small-codec", "--adapt", "--provider", "--servers", "--aggregator", "--byzantine", "--straggler", "--data", "--train-limit", "--test-limit",
-        "--eval-every", "--target-acc", "--plot", "--results", NULL};
+        "--eval-every", "--target-acc", "--plot", "--results", "--clients", "--fraction",
+        "--partition", "--rounds", "--dropout", "--deadline-ms", NULL};
     for (size_t i = 0; names[i]; i++)
         if (strcmp(a, names[i]) == 0) return 1;
     return 0;
@@ -634,8 +698,9 @@ static int training_option(train_options *o, parse_state *ps, const char *a, con
         int rc = parse_mode(v, o);
         if (rc > 0) return rc;
         if (rc != 0)
-            return usage_error("--mode '%s': expected allreduce, localsgd:H (H >= 1) or "
-                               "ps:sync|ps:sync:quorum=K|ps:async|ps:ssp:S", v);
+            return usage_error("--mode '%s': expected allreduce, localsgd:H (H >= 1), "
+                               "ps:sync|ps:sync:quorum=K|ps:async|ps:ssp:S or fedavg:E "
+                               "(E >= 1)", v);
     } else if (strcmp(a, "--servers") == 0) {
         if (parse_int(v, 1, 64, &n) != 0)
             return usage_error("--servers '%s': expected an integer in [1, 64]", v);
@@ -658,6 +723,35 @@ static int training_option(train_options *o, parse_state *ps, const char *a, con
         if (train_attack_parse(v, &o->byz_k, &o->byz_attack) != 0)
             return usage_error("--byzantine '%s': expected K:ATTACK, K >= 1 workers and ATTACK "
                                "one of signflip, noise, labelflip, alie, ipm", v);
+    } else if (strcmp(a, "--clients") == 0) {
+        if (parse_int(v, 1, 255, &n) != 0)
+            return usage_error("--clients '%s': expected an integer in [1, 255]", v);
+        if (ps->have_workers && o->workers != (int)n)
+            return usage_error("%s", "--clients and --workers differ: in fedavg mode each "
+                                     "client is a worker process; give one of them");
+        o->workers = (int)n;
+        ps->have_workers = ps->have_clients = 1;
+    } else if (strcmp(a, "--fraction") == 0) {
+        if (parse_double(v, 1e-9, 1.0, &o->fraction) != 0)
+            return usage_error("--fraction '%s': expected a fraction in (0, 1]", v);
+    } else if (strcmp(a, "--partition") == 0) {
+        if (strcmp(v, "iid") == 0)
+            o->alpha = 0;
+        else if (strncmp(v, "dirichlet:", 10) != 0 || parse_double(v + 10, 1e-3, 1e6, &o->alpha) != 0)
+            return usage_error("--partition '%s': expected iid or dirichlet:ALPHA (ALPHA in "
+                               "[0.001, 1e6]; small is skewed, e.g. dirichlet:0.3)", v);
+        ps->have_partition = 1;
+    } else if (strcmp(a, "--rounds") == 0) {
+        if (parse_int(v, 1, 100000, &n) != 0)
+            return usage_error("--rounds '%s': expected an integer in [1, 100000]", v);
+        o->rounds = (int)n;
+    } else if (strcmp(a, "--dropout") == 0) {
+        if (parse_double(v, 0.0, 0.99, &o->dropout) != 0)
+            return usage_error("--dropout '%s': expected a probability in [0, 0.99]", v);
+    } else if (strcmp(a, "--deadline-ms") == 0) {
+        if (parse_int(v, 1, 1 << 30, &n) != 0)
+            return usage_error("--deadline-ms '%s': expected a positive number of milliseconds", v);
+        o->deadline_ms = (int)n;
     } else if (strcmp(a, "--dp") == 0) {
         if (parse_dp(v, o) != 0)
             return usage_error("--dp '%s': expected clip=C,noise=S with C > 0, S >= 0", v);
@@ -729,6 +823,8 @@ static int flag_option(train_options *o, const char *a) {
         o->sweep = o->sweep_full = 1;
     else if (strcmp(a, "--robust-sweep") == 0)
         o->robust_sweep = 1;
+    else if (strcmp(a, "--fed-sweep") == 0)
+        o->fed_sweep = 1;
     else if (strcmp(a, "--csv") == 0)
         o->csv = 1;
     else if (strcmp(a, "--json") == 0)
@@ -770,7 +866,8 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
         return usage_error("%s", "--momentum-at local applies to --mode allreduce and ps only");
     if (o->mask_momentum && o->mode == TRAIN_MODE_PS)
         return usage_error("%s", "--mask-momentum applies to --mode allreduce only");
-    if ((o->aggregator[0] || o->byz_attack != ATTACK_NONE) && o->mode != TRAIN_MODE_PS)
+    if ((o->aggregator[0] || o->byz_attack != ATTACK_NONE) && o->mode != TRAIN_MODE_PS &&
+        o->mode != TRAIN_MODE_FEDAVG) /* fedavg says why below */
         return usage_error("%s", "--aggregator and --byzantine apply to --mode ps:... only");
     if (o->byz_attack != ATTACK_NONE && o->byz_k >= o->workers) {
         char why[128];
@@ -809,8 +906,27 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
     if (o->robust_sweep && ps->have_codec && strcmp(ps->codec, TRAIN_DENSE) == 0)
         return usage_error("%s", "--robust-sweep's --codec is its compressed half (dense runs "
                                  "anyway): give a codec, e.g. int8:ef=1");
-    if (o->servers && o->mode != TRAIN_MODE_PS)
-        return usage_error("%s", "--servers applies to --mode ps:... only");
+    if (o->servers && o->mode != TRAIN_MODE_PS && o->mode != TRAIN_MODE_FEDAVG)
+        return usage_error("%s", "--servers applies to --mode ps:... and fedavg:E only");
+    if (o->mode != TRAIN_MODE_FEDAVG &&
+        (ps->have_clients || o->fraction > 0 || ps->have_partition || o->rounds ||
+         o->dropout > 0 || o->deadline_ms))
+        return usage_error("%s", "--clients, --fraction, --partition, --rounds, --dropout and "
+                                 "--deadline-ms apply to --mode fedavg:E (or --fed-sweep) only");
+    if (o->mode == TRAIN_MODE_FEDAVG && o->dropout > 0 && !o->deadline_ms)
+        return usage_error("%s", "--dropout needs --deadline-ms: a round waits for its sampled "
+                                 "clients until their deadline");
+    if (o->mode == TRAIN_MODE_FEDAVG &&
+        (o->aggregator[0] || o->byz_attack != ATTACK_NONE || o->local_momentum ||
+         o->straggler >= 0 || o->sweep || o->robust_sweep))
+        return usage_error("%s", "--mode fedavg:E averages the clients' models weighted by "
+                                 "examples: it takes neither --aggregator, --byzantine, "
+                                 "--momentum-at local, --straggler nor the other sweeps");
+    if (o->fed_sweep && o->mode != TRAIN_MODE_FEDAVG)
+        return usage_error("%s", "--fed-sweep runs --mode fedavg:E (fedavg:1 unless given)");
+    if (o->fed_sweep && ps->have_partition)
+        return usage_error("%s", "--fed-sweep runs both partitions (iid and dirichlet:" TRAIN_FED_ALPHA_TEXT
+                                 "); drop --partition");
     if (o->straggler >= o->workers) {
         char why[96];
         snprintf(why, sizeof why, "%d: there are only %d workers", o->straggler, o->workers);
@@ -819,26 +935,32 @@ static int check_combinations(const train_options *o, const parse_state *ps) {
     if (o->straggler == 0 && o->mode == TRAIN_MODE_PS)
         return usage_error("%s", "--straggler 0: in ps mode worker 0 takes the snapshots the "
                                  "evaluation reads; make another worker the straggler");
-    if (o->mode == TRAIN_MODE_PS && (o->dp || o->n_overrides))
+    if ((o->mode == TRAIN_MODE_PS || o->mode == TRAIN_MODE_FEDAVG) && (o->dp || o->n_overrides))
         return usage_error("%s", "--mode ps:... takes neither --dp nor --codec-for");
-    if (o->mode == TRAIN_MODE_PS && ps->have_schedule && o->schedule != TRAIN_SCHED_NONE)
-        return usage_error("%s", "--mode ps:... runs the server's constant learning rate: "
+    if ((o->mode == TRAIN_MODE_PS || o->mode == TRAIN_MODE_FEDAVG) && ps->have_schedule &&
+        o->schedule != TRAIN_SCHED_NONE)
+        return usage_error("%s", "--mode ps:... and fedavg:E run a constant learning rate: "
                                  "drop --schedule (or give --schedule none)");
-    if (o->mode == TRAIN_MODE_PS && o->workers + (o->servers ? o->servers : 1) > 256)
+    if ((o->mode == TRAIN_MODE_PS || o->mode == TRAIN_MODE_FEDAVG) && o->workers + (o->servers ? o->servers : 1) > 256)
         return usage_error("%s", "too many processes");
     if (o->sweep_full && o->model == MODEL_CNN)
         return usage_error("%s", "--sweep-full is the MLP's; the cnn's sweep is --sweep");
     if (o->sweep && o->model == MODEL_SOFTMAX)
         return usage_error("%s", "--sweep trains the mlp or the cnn, not softmax");
-    if (o->plot && !o->sweep && !o->robust_sweep)
-        return usage_error("%s", "--plot draws a sweep: add --sweep or --robust-sweep");
+    if (o->plot && !o->sweep && !o->robust_sweep && !o->fed_sweep)
+        return usage_error("%s", "--plot draws a sweep: add --sweep, --robust-sweep or "
+                                 "--fed-sweep");
     return 0;
 }
 
 /* The list of runs (the sweep's, or the one --codec asks for), once per
  * seed, and, in the launcher, every codec spec tried before anything runs. */
 static int build_runs(train_options *o, const parse_state *ps) {
-    if (o->robust_sweep) {
+    if (o->fed_sweep) {
+        fed_sweep_runs(o, ps->have_codec ? ps->codec : TRAIN_FED_CODEC);
+        if (!o->plot) o->plot = "terse-fed.png";
+        if (!ps->have_seeds) o->seeds = 1;
+    } else if (o->robust_sweep) {
         robust_sweep_runs(o, ps->have_codec ? ps->codec : TRAIN_ROBUST_CODEC);
         if (!o->plot) o->plot = "terse-robust.png";
         if (!ps->have_seeds) o->seeds = 1;
@@ -860,7 +982,15 @@ static int build_runs(train_options *o, const parse_state *ps) {
             r->adapt_eta = ps->adapt.adapt_eta;
             r->adapt_every = ps->adapt.adapt_every;
         } else {
-            add_run(o, o->n_overrides ? "custom" : ps->codec, ps->codec, 0);
+            char label[64];
+            if (o->mode == TRAIN_MODE_FEDAVG)
+            {
+                char part[32] = "iid";
+                if (o->alpha > 0) snprintf(part, sizeof part, "dir%g", o->alpha);
+                snprintf(label, sizeof label, "fedavg:%d %s %.40s", o->fed_epochs, part, ps->codec);
+            }
+            add_run(o, o->mode == TRAIN_MODE_FEDAVG ? label : o->n_overrides ? "custom" : ps->codec,
+                    ps->codec, 0);
         }
         o->runs[0].ef = strstr(o->runs[0].codec, "ef=1") != NULL;
         if (!ps->have_seeds) o->seeds = 1;
@@ -940,9 +1070,18 @@ int train_parse_args(int argc, char **argv, train_options *o) {
         }
         if (!ps.have_momentum_at) o->local_momentum = 1;
     }
+    if (o->fed_sweep && !ps.have_mode) {
+        o->mode = TRAIN_MODE_FEDAVG;
+        o->fed_epochs = 1;
+    }
+    if (o->mode == TRAIN_MODE_FEDAVG) { /* its defaults */
+        if (!ps.have_workers) o->workers = TRAIN_FED_CLIENTS;
+        if (o->fraction == 0) o->fraction = TRAIN_FED_FRACTION;
+        if (!o->rounds) o->rounds = TRAIN_FED_ROUNDS;
+    }
     int rc = check_combinations(o, &ps);
     if (rc != 0) return rc;
-    if (o->mode == TRAIN_MODE_PS) o->schedule = TRAIN_SCHED_NONE;
+    if (o->mode == TRAIN_MODE_PS || o->mode == TRAIN_MODE_FEDAVG) o->schedule = TRAIN_SCHED_NONE;
     if (o->model == MODEL_CNN && !ps.have_lr) o->lr = TRAIN_CNN_LR;
     if (o->target_acc > 0 && o->eval_every == 0 && !o->worker && !o->quiet)
         fprintf(stderr, WHO ": note: without --eval-every the time to --target-acc is only "
@@ -985,6 +1124,7 @@ int train_launch(int argc, char **argv, const train_options *o) {
     }
     if (o->sweep && o->plot && train_plot(o, recs, n) != 0) failed = 1;
     if (o->robust_sweep && o->plot && train_robust_plot(o, recs, n) != 0) failed = 1;
+    if (o->fed_sweep && o->plot && train_fed_plot(o, recs, n) != 0) failed = 1;
     free(recs);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, WHO ": cannot write the results\n");
@@ -994,7 +1134,8 @@ int train_launch(int argc, char **argv, const train_options *o) {
 }
 
 int train_processes(const train_options *o) {
-    return o->workers + (o->mode == TRAIN_MODE_PS ? (o->servers ? o->servers : 1) : 0);
+    int ps = o->mode == TRAIN_MODE_PS || o->mode == TRAIN_MODE_FEDAVG;
+    return o->workers + (ps ? (o->servers ? o->servers : 1) : 0);
 }
 
 int bench_train_main(int argc, char **argv) {

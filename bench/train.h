@@ -132,6 +132,10 @@ uint64_t train_stream_key(uint64_t seed, uint64_t a, uint64_t b);
 void train_shuffle(size_t *v, size_t n, uint64_t key);
 /* x[i] += N(0, sd^2) for i < n, drawing from the stream *s (advanced). */
 void train_add_gaussian(float *x, size_t n, double sd, uint64_t *s);
+/* A Gamma(a, 1) draw (a > 0; Marsaglia and Tsang), and a uniform in (0, 1),
+ * from the stream *s. */
+double train_gamma(double a, uint64_t *s);
+double train_uniform(uint64_t *s);
 
 /* ---- training options and records (train.c, train_worker.c) */
 
@@ -139,7 +143,7 @@ void train_add_gaussian(float *x, size_t n, double sd, uint64_t *s);
 #define TRAIN_MAX_OVERRIDES 8
 #define TRAIN_DENSE "dense" /* the spec meaning "no codec" */
 
-typedef enum { TRAIN_MODE_ALLREDUCE, TRAIN_MODE_LOCALSGD, TRAIN_MODE_PS } train_mode;
+typedef enum { TRAIN_MODE_ALLREDUCE, TRAIN_MODE_LOCALSGD, TRAIN_MODE_PS, TRAIN_MODE_FEDAVG } train_mode;
 
 /* --byzantine K:ATTACK (train_attack.c) */
 typedef enum {
@@ -187,6 +191,11 @@ typedef struct {
     int byz_k;
     train_attack attack;
     double lr_factor;
+    /* fedavg mode (train_fed.c): local epochs per round (0: the fed sweep's
+     * baseline, synchronous SGD through the server for --epochs epochs),
+     * and the partition's Dirichlet alpha (0: iid) */
+    int fed_epochs;
+    double alpha;
 } train_run;
 
 typedef struct {
@@ -212,6 +221,14 @@ typedef struct {
     int byz_k;             /* --byzantine K:ATTACK: the last K workers attack */
     train_attack byz_attack;
     int robust_sweep;      /* --robust-sweep */
+    /* --mode fedavg:E: every worker process is one client */
+    int fed_epochs;        /* E */
+    double fraction;       /* --fraction F: clients sampled each round */
+    double alpha;          /* --partition dirichlet:A (0: iid) */
+    int rounds;            /* --rounds R */
+    double dropout;        /* --dropout P: a sampled client drops out of its round */
+    int deadline_ms;       /* --deadline-ms D: the round's deadline (0: none) */
+    int fed_sweep;         /* --fed-sweep */
     int straggler;         /* --straggler W:F: worker index W is F times slower (-1: none) */
     double straggler_factor;
     int dp;                /* --dp given */
@@ -245,7 +262,9 @@ typedef struct {
     double test_acc;       /* percent */
     double test_loss, train_loss; /* train loss: mean since the last record */
     double bytes_sent;     /* gradient (or model-delta) wire bytes per worker,
-                              since the start of the run, max over workers */
+                              since the start of the run, max over workers;
+                              in fedavg mode, the uplink of every client
+                              summed (pushes and request headers) */
     double dense_bytes;    /* 4 * parameters * steps: what synchronous dense
                               fp32 training sends per worker (2 workers) */
     double compute_s, codec_s, network_s; /* since the start, max over workers */
@@ -291,6 +310,13 @@ FILE *train_plot_open(char *gp, size_t gp_cap, char *script, size_t script_cap);
 int train_plot_close(const train_options *o, FILE *f, char *gp, char *script);
 void train_robust_report(const train_options *o, const train_record *recs, int n);
 int train_robust_plot(const train_options *o, const train_record *recs, int n);
+
+/* The fed sweep's report (train_fed_report.c): rounds and uplink bytes to
+ * the baseline's final accuracy, and the plot. */
+void train_fed_report(const train_options *o, const train_record *recs, int n);
+int train_fed_plot(const train_options *o, const train_record *recs, int n);
+/* Clients sampled each round: round(F x N), at least 1. */
+int train_fed_per_round(const train_options *o, int clients);
 
 int bench_train_main(int argc, char **argv);
 

@@ -23,30 +23,16 @@
 #include "train.h"
 #include "train_worker.h"
 
-enum { T_BYTES, T_COMPUTE, T_CODEC, T_NET, T_WALL, T_STALE, T_NONFINITE, T_FIELDS };
-
-typedef struct {
-    long step;
-    int epoch;
-    double wall_s, bytes, loss_sum, loss_count;
-    float *params; /* every tensor, concatenated */
-} snapshot;
-
-typedef struct {
-    snapshot *v;
-    size_t n, cap;
-} snapshots;
-
-static int snap(worker *w, snapshots *ss, model *m, long step, int epoch, double wall, double bytes,
-                double *loss_sum, double *loss_count) {
+int train_snap(worker *w, train_snapshots *ss, model *m, long step, int epoch, double wall,
+               double bytes, double *loss_sum, double *loss_count) {
     if (ss->n == ss->cap) {
         size_t cap = ss->cap ? 2 * ss->cap : 32;
-        snapshot *v = realloc(ss->v, cap * sizeof *v);
+        train_snapshot *v = realloc(ss->v, cap * sizeof *v);
         if (!v) return train_fail(w, "keeping a snapshot", TERSE_ERR_NOMEM);
         ss->v = v;
         ss->cap = cap;
     }
-    snapshot *s = &ss->v[ss->n];
+    train_snapshot *s = &ss->v[ss->n];
     size_t total = model_param_count(m), off = 0;
     if (!(s->params = malloc(total * sizeof(float))))
         return train_fail(w, "keeping a snapshot", TERSE_ERR_NOMEM);
@@ -66,7 +52,7 @@ static int snap(worker *w, snapshots *ss, model *m, long step, int epoch, double
     return 0;
 }
 
-static double wire_sent(const worker *w) {
+double train_wire_sent(const worker *w) {
     terse_comm_stats st = TERSE_COMM_STATS_INIT;
     terse_comm_get_stats(w->comm, &st);
     return (double)st.wire_bytes_sent;
@@ -142,27 +128,47 @@ static void local_momentum(const train_options *o, run_state *r) {
     }
 }
 
-static int worker_train(worker *w, terse_ps *ps, run_state *r, snapshots *ss, double *sums,
-                        float *flat, train_attacker *att) {
-    const train_options *o = w->o;
-    model *m = r->m;
+int train_ps_pull_all(worker *w, terse_ps *ps, model *m, float *flat, const char *what) {
     size_t nt = model_tensor_count(m);
     if (flat) {
         terse_status s = terse_ps_pull(ps, 0, flat, NULL);
-        if (s != TERSE_OK) return train_fail(w, "the first terse_ps_pull", s);
+        if (s != TERSE_OK) return train_fail(w, what, s);
         size_t off = 0;
         for (size_t i = 0; i < nt; i++) {
             model_tensor *t = model_tensor_at(m, i);
             memcpy(t->value, flat + off, t->n * sizeof(float));
             off += t->n;
         }
+        return 0;
     }
-    for (size_t i = 0; !flat && i < nt; i++) {
+    for (size_t i = 0; i < nt; i++) {
         terse_status s = terse_ps_pull(ps, i, model_tensor_at(m, i)->value, NULL);
-        if (s != TERSE_OK) return train_fail(w, "the first terse_ps_pull", s);
+        if (s != TERSE_OK) return train_fail(w, what, s);
     }
+    return 0;
+}
+
+void train_ps_tally(const worker *w, const terse_comm_stats *s0, double start, double *sums) {
+    terse_comm_stats s1 = TERSE_COMM_STATS_INIT;
+    terse_comm_get_stats(w->comm, &s1);
+    sums[T_BYTES] = (double)(s1.wire_bytes_sent - s0->wire_bytes_sent);
+    sums[T_CODEC] = s1.codec_seconds - s0->codec_seconds;
+    sums[T_NET] = s1.network_seconds - s0->network_seconds;
+    sums[T_WALL] = bench_now() - start;
+}
+
+/* step_bytes (or NULL): this process's bytes sent at each step. */
+static int worker_train(worker *w, terse_ps *ps, run_state *r, train_snapshots *ss, double *sums,
+                        float *flat, train_attacker *att, double *step_bytes) {
+    const train_options *o = w->o;
+    model *m = r->m;
+    if (train_ps_pull_all(w, ps, m, flat, "the first terse_ps_pull") != 0) return -1;
     double start = bench_now(), loss_sum = 0, loss_count = 0, last_progress = start;
-    double b0 = wire_sent(w);
+    double b0 = train_wire_sent(w), b_step = b0;
+    /* fedavg's baseline: ten evaluations an epoch, for the plot's curve */
+    long every = o->eval_every;
+    if (!every && o->mode == TRAIN_MODE_FEDAVG)
+        every = w->steps_per_epoch >= 10 ? w->steps_per_epoch / 10 : 1;
     terse_comm_stats s0 = TERSE_COMM_STATS_INIT;
     terse_comm_get_stats(w->comm, &s0);
     for (int e = 1; e <= o->epochs; e++) {
@@ -183,10 +189,15 @@ static int worker_train(worker *w, terse_ps *ps, run_state *r, snapshots *ss, do
             if (bad) return -1;
             terse_status s = terse_ps_clock(ps);
             if (s != TERSE_OK) return train_fail(w, "terse_ps_clock", s);
+            if (step_bytes) {
+                double now = train_wire_sent(w);
+                step_bytes[r->step] = now - b_step;
+                b_step = now;
+            }
             r->step++;
             int last = k + 1 == w->steps_per_epoch;
-            if (w->rank == 0 && ((o->eval_every && r->step % o->eval_every == 0) || last) &&
-                snap(w, ss, m, r->step, e, bench_now() - start, wire_sent(w) - b0, &loss_sum,
+            if (w->rank == 0 && ((every && r->step % every == 0) || last) &&
+                train_snap(w, ss, m, r->step, e, bench_now() - start, train_wire_sent(w) - b0, &loss_sum,
                      &loss_count) != 0)
                 return -1;
             if (w->rank == 0 && !o->quiet && bench_now() - last_progress >= PROGRESS_SECONDS) {
@@ -197,20 +208,18 @@ static int worker_train(worker *w, terse_ps *ps, run_state *r, snapshots *ss, do
             }
         }
     }
-    terse_comm_stats s1 = TERSE_COMM_STATS_INIT;
-    terse_comm_get_stats(w->comm, &s1);
-    sums[T_BYTES] = (double)(s1.wire_bytes_sent - s0.wire_bytes_sent);
-    sums[T_CODEC] = s1.codec_seconds - s0.codec_seconds;
-    sums[T_NET] = s1.network_seconds - s0.network_seconds;
-    sums[T_WALL] = bench_now() - start;
+    train_ps_tally(w, &s0, start, sums);
     return 0;
 }
 
 /* Worker 0, after training: evaluate every snapshot on the whole test set. */
-static int evaluate_snapshots(worker *w, run_state *r, const snapshots *ss, const double *max) {
+/* cum_bytes (fedavg, or NULL): the bytes every process sent up to each
+ * step, summed. */
+static int evaluate_snapshots(worker *w, run_state *r, const train_snapshots *ss, const double *max,
+                              const double *cum_bytes) {
     model *m = r->m;
     for (size_t k = 0; k < ss->n; k++) {
-        const snapshot *sn = &ss->v[k];
+        const train_snapshot *sn = &ss->v[k];
         size_t off = 0;
         for (size_t i = 0; i < model_tensor_count(m); i++) {
             model_tensor *t = model_tensor_at(m, i);
@@ -234,22 +243,60 @@ static int evaluate_snapshots(worker *w, run_state *r, const snapshots *ss, cons
         rec.bytes_sent = final ? max[T_BYTES] : sn->bytes;
         /* What a worker sends with a PS: the model, once per step, dense. */
         rec.dense_bytes = 4.0 * (double)model_param_count(m) * (double)sn->step;
+        const train_run *c = r->cfg;
+        if (cum_bytes) { /* fedavg: every client's uplink, and dense fp32 pushes of them all */
+            rec.bytes_sent = cum_bytes[sn->step - 1];
+            rec.dense_bytes *= c->fed_epochs ? train_fed_per_round(w->o, w->nworkers) : w->nworkers;
+        }
         rec.compute_s = max[T_COMPUTE];
         rec.codec_s = max[T_CODEC];
         rec.network_s = max[T_NET];
         rec.wall_s = sn->wall_s;
-        const train_run *c = r->cfg;
         char attack[24] = "";
         if (c->attack != ATTACK_NONE)
             snprintf(attack, sizeof attack, " %d:%s", c->byz_k, train_attack_name(c->attack));
-        snprintf(rec.label, sizeof rec.label, "ps:%.16s %.20s%s %.16s", w->o->ps_mode,
-                 c->aggregator[0] ? c->aggregator : "mean", attack, c->label);
+        if (w->o->mode == TRAIN_MODE_FEDAVG)
+            snprintf(rec.label, sizeof rec.label, "%s", c->label);
+        else
+            snprintf(rec.label, sizeof rec.label, "ps:%.16s %.20s%s %.16s", w->o->ps_mode,
+                     c->aggregator[0] ? c->aggregator : "mean", attack, c->label);
         if (!w->o->quiet)
             fprintf(stderr, WHO ": [%d/%zu] %s: epoch %d, step %ld/%ld: test %.2f%%, %.1f s\n",
                     r->index + 1, w->o->n_runs, rec.label, rec.epoch, rec.step, rec.steps_total,
                     rec.test_acc, rec.wall_s);
         if (train_keep_record(w, &rec) != 0) return -1;
     }
+    return 0;
+}
+
+static double dropped_clients(const double *all, int servers, int nranks) {
+    double n = 0;
+    for (int k = servers; k < nranks; k++) n += all[k * T_FIELDS + T_DROPPED];
+    return n;
+}
+
+/* fedavg: the clients' bytes of each step, summed over the clients and
+ * accumulated, into *step_bytes (allocated here on the servers, which
+ * learn the step count from the workers' tallies). */
+static int sum_step_bytes(worker *w, int servers, const double *all, double **step_bytes) {
+    int nranks = terse_comm_size(w->comm);
+    size_t steps = (size_t)all[servers * T_FIELDS + T_STEPS];
+    if (!*step_bytes && !(*step_bytes = calloc(steps, sizeof(double))))
+        return train_fail(w, "allocating", TERSE_ERR_NOMEM);
+    double *every = calloc(steps * (size_t)nranks, sizeof(double));
+    if (!every) return train_fail(w, "allocating", TERSE_ERR_NOMEM);
+    terse_status s = terse_allgather(w->comm, *step_bytes, steps * sizeof(double), every,
+                                     steps * (size_t)nranks * sizeof(double), NULL);
+    if (s != TERSE_OK) {
+        free(every);
+        return train_fail(w, "gathering the bytes of each step", s);
+    }
+    double total = 0;
+    for (size_t k = 0; k < steps; k++) {
+        for (int q = servers; q < nranks; q++) total += every[(size_t)q * steps + k]; /* uplink */
+        (*step_bytes)[k] = total;
+    }
+    free(every);
     return 0;
 }
 
@@ -263,12 +310,18 @@ static int run_one(worker *w, int index, int servers, int is_server) {
     if (!(r.m = model_create(o->model, chunk, r.cfg->seed)))
         return train_fail(w, "creating the model", TERSE_ERR_NOMEM);
     int rc = 0;
+    const int fed = o->mode == TRAIN_MODE_FEDAVG && r.cfg->fed_epochs > 0;
     if (!is_server) {
-        train_deal_shard(w, r.cfg->seed);
-        if (!(r.order = malloc(w->shard_n * sizeof *r.order)))
+        rc = train_fed_shard(w, r.cfg); /* iid, as train_deal_shard, unless fedavg's alpha */
+        if (rc == 0 && !(r.order = malloc(w->shard_n * sizeof *r.order)))
             rc = train_fail(w, "allocating the epoch order", TERSE_ERR_NOMEM);
-        r.steps_total = w->steps_per_epoch * o->epochs;
+        r.steps_total = fed ? o->rounds : w->steps_per_epoch * o->epochs;
     }
+    /* fedavg: each round's (or the baseline's each step's) bytes sent */
+    double *step_bytes = NULL;
+    if (rc == 0 && !is_server && o->mode == TRAIN_MODE_FEDAVG &&
+        !(step_bytes = calloc((size_t)r.steps_total, sizeof(double))))
+        rc = train_fail(w, "allocating", TERSE_ERR_NOMEM);
     train_attacker *att = NULL;
     if (rc == 0 && !is_server && train_is_byzantine(w, r.cfg) &&
         !(att = train_attacker_create(w, r.cfg, r.m)))
@@ -283,8 +336,15 @@ static int run_one(worker *w, int index, int servers, int is_server) {
     cfg.lr = (float)(o->lr * r.cfg->lr_factor);
     cfg.momentum = r.cfg->local_momentum ? 0.0f : (float)o->momentum;
     cfg.aggregator = r.cfg->aggregator[0] ? r.cfg->aggregator : NULL;
+    char mode[64];
+    snprintf(mode, sizeof mode, "%s", o->mode == TRAIN_MODE_FEDAVG ? "sync" : o->ps_mode);
+    if (fed) { /* the new model is the clients' weighted average: x - mean(x - x_c) */
+        train_fed_ps_mode(o, w->nworkers, mode, sizeof mode);
+        cfg.lr = 1.0f;
+        cfg.momentum = 0.0f;
+    }
     terse_ps *ps = NULL;
-    terse_status s = terse_ps_config_parse(o->ps_mode, &cfg);
+    terse_status s = terse_ps_config_parse(mode, &cfg);
     if (s == TERSE_OK) s = terse_ps_create(w->comm, &cfg, &ps);
     if (s != TERSE_OK) rc = train_fail(w, "terse_ps_create", s);
     /* A dense run fuses the model into one key; a compressed one keeps a
@@ -314,12 +374,14 @@ static int run_one(worker *w, int index, int servers, int is_server) {
         if (s != TERSE_OK) rc = train_fail(w, "terse_ps_declare", s);
     }
     double mine[T_FIELDS] = {0};
-    snapshots ss = {0};
+    train_snapshots ss = {0};
     if (rc == 0 && is_server) {
         s = terse_ps_serve(ps);
         if (s != TERSE_OK) rc = train_fail(w, "terse_ps_serve", s);
     } else if (rc == 0) {
-        rc = worker_train(w, ps, &r, &ss, mine, flat, att);
+        rc = fed ? train_fed_client(w, ps, &r, &ss, mine, flat, step_bytes)
+                 : worker_train(w, ps, &r, &ss, mine, flat, att, step_bytes);
+        mine[T_STEPS] = (double)r.steps_total;
         s = terse_ps_finish(ps);
         if (s != TERSE_OK && rc == 0) rc = train_fail(w, "terse_ps_finish", s);
     }
@@ -331,6 +393,7 @@ static int run_one(worker *w, int index, int servers, int is_server) {
         s = terse_allgather(w->comm, mine, sizeof mine, all, (size_t)nranks * sizeof mine, NULL);
         if (s != TERSE_OK) rc = train_fail(w, "gathering the tallies", s);
     }
+    if (rc == 0 && o->mode == TRAIN_MODE_FEDAVG) rc = sum_step_bytes(w, servers, all, &step_bytes);
     if (rc == 0 && !is_server && w->rank == 0) {
         double max[T_FIELDS] = {0}, stale = 0, nonfinite = 0;
         for (int k = servers; k < nranks; k++)
@@ -341,14 +404,18 @@ static int run_one(worker *w, int index, int servers, int is_server) {
                 if (f == T_NONFINITE) nonfinite += v;
             }
         if (!o->quiet && stale > 0)
-            fprintf(stderr, WHO ": ps:%s: %.0f pushes were refused as late or stale and dropped\n",
-                    o->ps_mode, stale);
+            fprintf(stderr, WHO ": %s: %.0f pushes were refused as late or stale and dropped\n",
+                    mode, stale);
+        if (!o->quiet && fed)
+            fprintf(stderr, WHO ": %s: %.0f sampled clients dropped out of their round\n",
+                    r.cfg->label, dropped_clients(all, servers, nranks));
         if (!o->quiet && nonfinite > 0)
             fprintf(stderr, WHO ": ps:%s %s: %.0f pushes held NaN or infinity (the model "
                             "diverged) and the server left them out\n",
                     o->ps_mode, r.cfg->label, nonfinite);
-        rc = evaluate_snapshots(w, &r, &ss, max);
+        rc = evaluate_snapshots(w, &r, &ss, max, step_bytes);
     }
+    free(step_bytes);
     free(all);
     free(flat);
     for (size_t k = 0; k < ss.n; k++) free(ss.v[k].params);
@@ -388,7 +455,11 @@ int train_ps_main(worker *w) {
         if (s != TERSE_OK) train_fail(w, "agreeing to start", s);
         return -1;
     }
-    if (w->rank == 0 && !o->quiet)
+    if (w->rank == 0 && !o->quiet && o->mode == TRAIN_MODE_FEDAVG)
+        fprintf(stderr, WHO ": fedavg:%d with %d server%s and %d clients over %s, %d rounds\n",
+                o->fed_epochs, servers, servers == 1 ? "" : "s", w->nworkers,
+                terse_comm_provider(w->comm), o->rounds);
+    else if (w->rank == 0 && !o->quiet)
         fprintf(stderr, WHO ": ps:%s with %d servers and %d workers over %s, %zu training "
                         "examples each, %ld steps per epoch\n",
                 o->ps_mode, servers, w->nworkers, terse_comm_provider(w->comm), w->shard_n,

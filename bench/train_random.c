@@ -42,3 +42,21 @@ void train_add_gaussian(float *x, size_t n, double sd, uint64_t *s) {
         if (i + 1 < n) x[i + 1] += (float)(sd * r * sin(t));
     }
 }
+
+double train_uniform(uint64_t *s) { return uniform01(s); }
+
+static double normal01(uint64_t *s) {
+    return sqrt(-2.0 * log(uniform01(s))) * cos(6.283185307179586 * uniform01(s));
+}
+
+double train_gamma(double a, uint64_t *s) {
+    if (a < 1.0) /* boost: Gamma(a) = Gamma(a + 1) U^(1/a) */
+        return train_gamma(a + 1.0, s) * pow(uniform01(s), 1.0 / a);
+    const double d = a - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
+    for (;;) {
+        double x = normal01(s), v = 1.0 + c * x;
+        if (v <= 0) continue;
+        v = v * v * v;
+        if (log(uniform01(s)) < 0.5 * x * x + d - d * v + d * log(v)) return d * v;
+    }
+}

@@ -467,6 +467,8 @@ void train_report(const train_options *o, const train_record *recs, int n) {
         print_sweep_table(o, recs, n);
     else if (o->robust_sweep)
         train_robust_report(o, recs, n);
+    else if (o->mode == TRAIN_MODE_FEDAVG)
+        train_fed_report(o, recs, n);
     else
         print_run_table(o, recs, n);
 }

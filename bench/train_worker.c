@@ -60,7 +60,7 @@ int train_load_data(worker *w) {
         fprintf(stderr, WHO ": rank %d: out of memory\n", w->rank);
         return -1;
     }
-    w->shard_n = per;
+    w->shard_n = w->shard_cap = per;
     w->n_used = n;
     w->test_lo = t * (size_t)w->rank / (size_t)w->nworkers;
     w->test_hi = t * (size_t)(w->rank + 1) / (size_t)w->nworkers;
@@ -633,7 +633,7 @@ int train_worker_main(const train_options *o) {
         return BENCH_EXIT_RUNTIME;
     }
     int rc = 0;
-    if (o->mode == TRAIN_MODE_PS) {
+    if (o->mode == TRAIN_MODE_PS || o->mode == TRAIN_MODE_FEDAVG) {
         rc = train_ps_main(&w);
     } else {
         w.rank = terse_comm_rank(w.comm);

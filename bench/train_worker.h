@@ -23,6 +23,7 @@ typedef struct {
     int rank, nworkers;
     dataset train, test;
     size_t *shard, shard_n; /* this worker's training examples */
+    size_t shard_cap;       /* entries shard has room for */
     size_t *perm, n_used;   /* scratch for dealing shards; examples in use */
     long steps_per_epoch;
     size_t test_lo, test_hi; /* this worker's slice of the test set */
@@ -90,7 +91,49 @@ int train_keep_record(worker *w, const train_record *rec);
  * epoch, step and steps_total (the caller fills the measurements). */
 void train_record_begin(train_record *rec, const run_state *r, int final, int epoch, long step);
 void train_straggle(const worker *w, double t0);
-/* The parameter-server role (train_ps.c): every rank of a --mode ps job. */
+/* The parameter-server role (train_ps.c): every rank of a --mode ps or
+ * fedavg job. */
 int train_ps_main(worker *w);
+
+/* What a worker of a ps or fedavg run adds up (train_ps.c, train_fed.c). */
+enum {
+    T_BYTES, T_COMPUTE, T_CODEC, T_NET, T_WALL, T_STALE, T_NONFINITE, T_DROPPED, T_STEPS, T_FIELDS
+};
+
+/* Worker 0's copies of the parameters it pulled, evaluated after training
+ * (train_ps.c). */
+typedef struct {
+    long step;
+    int epoch;
+    double wall_s, bytes, loss_sum, loss_count;
+    float *params; /* every tensor, concatenated */
+} train_snapshot;
+
+typedef struct {
+    train_snapshot *v;
+    size_t n, cap;
+} train_snapshots;
+
+int train_snap(worker *w, train_snapshots *ss, model *m, long step, int epoch, double wall,
+               double bytes, double *loss_sum, double *loss_count);
+double train_wire_sent(const worker *w);
+/* The bytes, codec and network seconds since s0, and the wall time since
+ * start, into sums. */
+void train_ps_tally(const worker *w, const terse_comm_stats *s0, double start, double *sums);
+/* Pull every tensor (flat: the one fused key of a dense run, else NULL). */
+int train_ps_pull_all(worker *w, terse_ps *ps, model *m, float *flat, const char *what);
+
+/* fedavg (train_fed.c). This client's shard (iid, or Dirichlet over labels
+ * with cfg->alpha), into w->shard; every process computes every client's
+ * part alike. -1 (said why) if a client would get less than one batch. */
+int train_fed_shard(worker *w, const train_run *cfg);
+/* The server's mode for a fedavg run: sync with a quorum of the clients
+ * sampled each round, and the round's deadline. */
+void train_fed_ps_mode(const train_options *o, int clients, char *out, size_t cap);
+/* One client's rounds: train E local epochs when sampled, push the model
+ * change weighted by its examples, clock, pull the round's average.
+ * step_bytes[k]: this process's uplink bytes in round k. */
+int train_fed_client(worker *w, terse_ps *ps, run_state *r, train_snapshots *ss, double *sums,
+                     float *flat, double *step_bytes);
 
 #endif
