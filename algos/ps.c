@@ -52,6 +52,7 @@ terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
     char *opts = strchr(buf, ':');
     if (opts) *opts++ = 0;
     c.quorum = c.staleness = c.max_staleness = c.lr_scale = c.deadline_ms = 0;
+    c.replicas = 1;
     if (strcmp(buf, "sync") == 0) c.mode = TERSE_PS_SYNC;
     else if (strcmp(buf, "async") == 0) c.mode = TERSE_PS_ASYNC;
     else if (strcmp(buf, "ssp") == 0) c.mode = TERSE_PS_SSP;
@@ -79,6 +80,9 @@ terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
             TERSE_CHECK(parse_int(spec, tok, v, 1, &c.quorum));
         } else if (c.mode == TERSE_PS_SYNC && strcmp(tok, "deadline_ms") == 0) {
             TERSE_CHECK(parse_int(spec, tok, v, 1, &c.deadline_ms));
+        } else if (c.mode == TERSE_PS_SYNC && strcmp(tok, "replicas") == 0) {
+            TERSE_CHECK(terse__ps_parse_int("parameter-server mode", spec, tok, v, 1, 2,
+                                            &c.replicas));
         } else if (c.mode == TERSE_PS_ASYNC && strcmp(tok, "max_staleness") == 0) {
             TERSE_CHECK(parse_int(spec, tok, v, 0, &c.max_staleness));
         } else if (c.mode == TERSE_PS_ASYNC && strcmp(tok, "lr_scale") == 0) {
@@ -89,7 +93,7 @@ terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
         } else {
             return TERSE_ERROR(TERSE_ERR_INVALID,
                                "parameter-server mode \"%s\": unknown option \"%s\" for %s (sync: "
-                               "quorum, deadline_ms; async: max_staleness, lr_scale)",
+                               "quorum, deadline_ms, replicas; async: max_staleness, lr_scale)",
                                spec, tok, buf);
         }
     }
@@ -98,14 +102,14 @@ terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg) {
 }
 
 /* What every rank must agree on, as bytes for the store's allgather. */
-#define AGREE_FIELDS 13
+#define AGREE_FIELDS 14
 static void agree_bytes(const terse_ps_config *c, const char *agg, uint8_t *b) {
     uint64_t v[AGREE_FIELDS] = {(uint64_t)c->num_servers, c->chunk_bytes, (uint64_t)c->vnodes,
                                 (uint64_t)c->mode, (uint64_t)c->quorum, (uint64_t)c->staleness,
                                 (uint64_t)c->max_staleness, (uint64_t)c->lr_scale,
                                 (uint64_t)c->update, 0, 0,
                                 terse__crc32c_update(0, agg, strlen(agg)),
-                                (uint64_t)c->deadline_ms};
+                                (uint64_t)c->deadline_ms, (uint64_t)(c->replicas ? c->replicas : 1)};
     uint32_t lr, mu;
     memcpy(&lr, &c->lr, 4);
     memcpy(&mu, &c->momentum, 4);
@@ -116,7 +120,8 @@ static void agree_bytes(const terse_ps_config *c, const char *agg, uint8_t *b) {
 
 static const char *const agree_names[AGREE_FIELDS] = {
     "num_servers", "chunk_bytes", "vnodes", "mode", "quorum", "staleness",
-    "max_staleness", "lr_scale", "update", "lr", "momentum", "aggregator", "deadline_ms"};
+    "max_staleness", "lr_scale", "update", "lr", "momentum", "aggregator", "deadline_ms",
+    "replicas"};
 
 static terse_status check_config(terse_comm *comm, const terse_ps_config *c) {
     if (c->size < sizeof *c)
@@ -152,6 +157,16 @@ static terse_status check_config(terse_comm *comm, const terse_ps_config *c) {
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_create: deadline_ms %d needs sync mode and a positive value",
                            c->deadline_ms);
+    if (c->replicas < 0 || c->replicas > 2)
+        return TERSE_ERROR(c->replicas > 2 ? TERSE_ERR_UNSUPPORTED : TERSE_ERR_INVALID,
+                           "terse_ps_create: replicas %d: 1 or 2 (a chain longer than a head "
+                           "and one replica is not built)",
+                           c->replicas);
+    if (c->replicas == 2 && (c->mode != TERSE_PS_SYNC || c->num_servers < 2))
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: replicas 2 needs sync mode (a replica takes over "
+                           "at a step boundary) and 2 or more servers (%d here)",
+                           c->num_servers);
     if (c->staleness < 0 || c->max_staleness < 0)
         return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_create: negative staleness bound");
     if (c->mode != TERSE_PS_SYNC && c->update != TERSE_PS_UPDATE_SGD)
@@ -239,6 +254,7 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     ps->cfg = *cfg;
     ps->cfg.size = sizeof ps->cfg;
     if (!ps->cfg.chunk_bytes) ps->cfg.chunk_bytes = (size_t)1 << 20;
+    if (!ps->cfg.replicas) ps->cfg.replicas = 1;
     snprintf(ps->aggregator_name, sizeof ps->aggregator_name, "%s",
              cfg->aggregator && *cfg->aggregator ? cfg->aggregator : "mean");
     ps->cfg.aggregator = ps->aggregator_name;
@@ -248,6 +264,7 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     ps->nservers = cfg->num_servers;
     ps->nworkers = comm->nranks - cfg->num_servers;
     ps->is_server = ps->rank < ps->nservers;
+    ps->slot = ps->rank;
     ps->chunk_floats = ps->cfg.chunk_bytes / sizeof(float);
     ps->stats.size = sizeof ps->stats;
     terse_status s = TERSE_OK;
@@ -267,7 +284,11 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     ps->peers = ps->is_server ? calloc(N, sizeof *ps->peers) : NULL;
     ps->inputs = calloc(N, sizeof *ps->inputs);
     ps->wts = calloc(N, sizeof *ps->wts);
-    if (!ps->placed || !ps->seq || !ps->sbuf || !ps->sbuf_cap || !ps->rbuf || !ps->rbuf_cap ||
+    ps->target = calloc(S, sizeof *ps->target);
+    ps->epoch = calloc(S, sizeof *ps->epoch);
+    ps->backup = -1;
+    for (size_t i = 0; ps->target && i < S; i++) ps->target[i] = (int)i;
+    if (!ps->target || !ps->epoch || !ps->placed || !ps->seq || !ps->sbuf || !ps->sbuf_cap || !ps->rbuf || !ps->rbuf_cap ||
         !ps->whdr || !ps->wrep || !ps->reps || (ps->is_server && !ps->peers) || !ps->inputs ||
         !ps->wts) {
         s = TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
@@ -275,7 +296,11 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     }
     TERSE_CHECK_GOTO(terse__ps_ring_build(ps), s, fail);
     if (comm->nranks > 1) TERSE_CHECK_GOTO(agree(ps), s, fail);
-    if (ps->is_server) terse__fabric_set_tolerant(comm->fabric);
+    if (ps->is_server && ps->cfg.replicas == 2) TERSE_CHECK_GOTO(terse__ps_mirror_create(ps), s, fail);
+    /* A worker with replicas survives a server's death: its failed
+     * transfers must not fail the fabric (ps_worker.c). */
+    if (ps->is_server || ps->cfg.replicas == 2) terse__fabric_set_tolerant(comm->fabric);
+    if (ps->cfg.replicas == 2) terse__fabric_small_chunks_on_shm(comm->fabric);
     ps->created = 1;
     *out = ps;
     return TERSE_OK;
@@ -310,6 +335,8 @@ static void free_codecs(terse_codec **v, size_t n) {
 }
 
 static void key_free(terse_ps *ps, terse__ps_key *k) {
+    for (size_t i = 0; k->unacked && i < (size_t)ps->nservers; i++) free(k->unacked[i].buf);
+    free(k->unacked);
     free_codecs(k->push_enc, k->nchunks);
     free_codecs(k->pull_dec, k->nchunks);
     if (k->shard) terse__ps_shard_free(ps, k->shard);
@@ -402,7 +429,19 @@ terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n, const char *pu
         if (k->push_enc) k->srv_push_bound[sv] += terse_codec_bound(k->push_enc[c]);
         if (k->pull_dec) k->srv_pull_bound[sv] += terse_codec_bound(k->pull_dec[c]);
     }
+    if (s == TERSE_OK && ps->cfg.replicas == 2 &&
+        !(strncmp(k->pull_spec, "none", 4) == 0 && (!k->pull_spec[4] || k->pull_spec[4] == ':')))
+        s = TERSE_ERROR(TERSE_ERR_UNSUPPORTED,
+                        "terse_ps_declare of key %zu: pull spec \"%s\" with replicas 2: a pull "
+                        "codec's server-side state (error feedback, random stream) lives on the "
+                        "head alone, so a replica taking over would not pull the same bytes; "
+                        "pull dense (NULL)",
+                        key, k->pull_spec);
     if (s == TERSE_OK && ps->is_server) s = terse__ps_shard_init(ps, k, init);
+    if (s == TERSE_OK && ps->mirror) s = terse__ps_mirror_declare(ps, k, init);
+    if (s == TERSE_OK && !ps->is_server && ps->cfg.replicas == 2 &&
+        !(k->unacked = calloc(S, sizeof *k->unacked)))
+        s = TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
     if (s != TERSE_OK) {
         memcpy(ps->placed, saved, S * sizeof *saved);
         free(saved);
@@ -460,8 +499,10 @@ terse_status terse_ps_clock(terse_ps *ps) {
 void terse_ps_free(terse_ps *ps) {
     if (!ps) return;
     if (ps->created && !ps->is_server && !ps->finished) (void)terse_ps_finish(ps);
+    terse__ps_mirror_free(ps);
     for (size_t i = 0; i < ps->nkeys; i++) key_free(ps, ps->keys[i]);
     terse__ps_worker_free(ps);
+    free(ps->target), free(ps->epoch);
     free(ps->keys);
     free(ps->placed), free(ps->seq);
     free(ps->sbuf_cap), free(ps->rbuf_cap), free(ps->sbuf), free(ps->rbuf);

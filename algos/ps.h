@@ -35,10 +35,17 @@
 #define TERSE__PS_REP_TEXT (TERSE__PS_REP_BYTES - 40)
 
 enum { TERSE__PS_PUSH = 1, TERSE__PS_PULL = 2, TERSE__PS_PUSHPULL = 3, TERSE__PS_FINISH = 4 };
-enum { TERSE__PS_TAG_HDR = 0, TERSE__PS_TAG_DATA = 1, TERSE__PS_TAG_REP = 2, TERSE__PS_TAG_RDATA = 3 };
+enum {
+    TERSE__PS_TAG_HDR = 0, TERSE__PS_TAG_DATA = 1, TERSE__PS_TAG_REP = 2, TERSE__PS_TAG_RDATA = 3,
+    TERSE__PS_TAG_REPL = 4, TERSE__PS_TAG_REPLDATA = 5, TERSE__PS_TAG_ACK = 6
+};
 
-static inline uint64_t terse__ps_tag(int kind, uint64_t seq) {
-    return (1ull << 47) | ((uint64_t)kind << 40) | (seq & ((1ull << 40) - 1));
+/* [47] 1  [44,47) kind  [39,44) slot: the server index whose chunks the
+ * conversation is about (its replica serves them after it died)
+ * [0,39) sequence number */
+static inline uint64_t terse__ps_tag(int slot, int kind, uint64_t seq) {
+    return (1ull << 47) | ((uint64_t)kind << 44) | ((uint64_t)slot << 39) |
+           (seq & ((1ull << 39) - 1));
 }
 
 /* A request header, decoded. */
@@ -51,6 +58,7 @@ typedef struct terse__ps_hdr {
     uint64_t nfloats;   /* floats of the key on this server */
     uint32_t decl_hash; /* the worker's declaration of the key */
     float weight;       /* push: its weight in a weighted mean (1: unweighted) */
+    uint32_t epoch;     /* replicas 2: 0 to the slot's head, 1 to its replica */
 } terse__ps_hdr;
 
 /* A reply header, decoded. */
@@ -105,6 +113,16 @@ typedef struct terse__ps_shard {
     uint64_t *pushed;   /* ssp: pushes applied from each worker (its next clock) */
     uint64_t *pulled;   /* async: version each worker last pulled */
     terse__ps_blob *cur;
+    /* replicas 2 (ps_replica.c). Head: the step's state on its way to the
+     * replica; pulls wait until it acknowledged (repl_pending). Replica:
+     * ack is what it sent back. */
+    int repl_pending;
+    uint64_t repl_rseq;
+    uint8_t repl_hdr[TERSE__PS_HDR_BYTES];
+    uint8_t *repl_buf;
+    size_t repl_cap;
+    uint8_t ack[16];
+    terse__fabric_req repl_hreq, repl_dreq, ack_req;
 } terse__ps_shard;
 
 typedef struct terse__ps_key {
@@ -120,7 +138,20 @@ typedef struct terse__ps_key {
     size_t *srv_floats, *srv_push_bound, *srv_pull_bound;
     /* server side: what this rank holds (NULL if none) */
     terse__ps_shard *shard;
+    int is_copy; /* a replica instance's view of a key: frees only its shard */
+    /* worker side, replicas 2: per server slot, the last push not yet
+     * covered by a pull of a later step (resent to the replica if the
+     * slot's head dies) */
+    struct terse__ps_unacked *unacked;
 } terse__ps_key;
+
+typedef struct terse__ps_unacked {
+    uint8_t *buf;
+    size_t len, cap;
+    uint64_t clock;
+    float weight;
+    int valid;
+} terse__ps_unacked;
 
 /* The aggregator table (ps_aggregate.c; the aggregators one family per
  * file: ps_coordwise.c, ps_krum.c, ps_cclip.c). */
@@ -213,6 +244,7 @@ struct terse_ps {
     terse__ps_agg_params agg_params;
     const terse__ps_update_rule *rule;
     int rank, nranks, nservers, nworkers, is_server;
+    int slot;             /* server: the server index whose chunks this instance serves */
     size_t chunk_floats;
 
     terse__ps_key **keys; /* pointers: a request in flight keeps its key across a declare */
@@ -253,7 +285,42 @@ struct terse_ps {
     void *quorum_log;     /* FILE* with TERSE_PS_QUORUM_LOG */
 
     terse_ps_stats stats;
+
+    /* replicas 2 (ps_replica.c). A server runs two instances: this one for
+     * its own slot (head), and `mirror` for slot (rank - 1) mod S, whose
+     * replica it is; the head of slot s sends each closed step to rank
+     * (s + 1) mod S. */
+    terse_ps *mirror;     /* head instance: its replica instance, or NULL */
+    int backup;           /* head instance: its replica's rank (-1: none or lost) */
+    uint64_t rseq;        /* head: next replication message */
+    int promoted;         /* replica instance: its head was lost; it serves the slot */
+    uint64_t rseq_next;   /* replica: next replication message expected */
+    int rstate;           /* replica: 0 header posted, 1 payload posted */
+    size_t rkey;          /* replica: the key whose payload is posted */
+    uint64_t rversion;
+    uint8_t rhdr[TERSE__PS_HDR_BYTES];
+    uint8_t *rbuf_state;
+    size_t rstate_cap;
+    terse__fabric_req rhreq, rdreq;
+    /* worker, replicas 2: per slot, the rank serving it and the epoch */
+    int *target;
+    uint32_t *epoch;
 };
+
+/* ps_replica.c */
+terse_status terse__ps_mirror_create(terse_ps *ps);
+terse_status terse__ps_mirror_declare(terse_ps *ps, terse__ps_key *k, const float *init);
+void terse__ps_mirror_free(terse_ps *ps);
+/* Head: send key's closed step to the replica (its pulls wait for the ack). */
+terse_status terse__ps_replicate(terse_ps *ps, size_t key);
+/* Head: collect acks; replica: receive steps and acknowledge them. */
+terse_status terse__ps_repl_progress(terse_ps *ps);
+/* Head: its replica was lost; the chain is the head alone from now on. */
+terse_status terse__ps_backup_lost(terse_ps *ps, const char *how);
+void terse__ps_repl_cancel(terse_ps *ps);
+/* ps_server.c, for ps_replica.c */
+terse_status terse__ps_wake(terse_ps *ps, size_t key);
+size_t terse__ps_state_bytes(const terse_ps *ps, const terse__ps_shard *sh);
 
 /* ps_placement.c */
 terse_status terse__ps_ring_build(terse_ps *ps);

@@ -3,7 +3,8 @@
  *   request  [0,4) "TPSQ"  [4] op  [5,8) 0  [8,16) key  [16,24) clock
  *            [24,32) payload length  [32,40) seq  [40,48) floats
  *            [48,52) declaration hash  [52,56) weight (binary32; 0 bits:
- *            unweighted, 1)  [56,60) 0  [60,64) crc32c of [0,60)
+ *            unweighted, 1)  [56,60) epoch (replicas 2: 1 once the slot's
+ *            replica serves it)  [60,64) crc32c of [0,60)
  *   reply    [0,4) "TPSR"  [4,8) status  [8,16) version  [16,24) payload
  *            length  [24,32) seq  [32,36) staleness (saturated)
  *            [36,40) crc32c of [0,36) and the text  [40,256) text, NUL padded
@@ -32,6 +33,7 @@ void terse__ps_put_hdr(uint8_t *b, const terse__ps_hdr *h) {
     uint32_t wbits = 0;
     if (h->weight != 1.0f) memcpy(&wbits, &h->weight, 4);
     terse__put_u32(b + 52, wbits);
+    terse__put_u32(b + 56, h->epoch);
     terse__put_u32(b + 60, terse__crc32c_update(0, b, 60));
 }
 
@@ -42,7 +44,7 @@ terse_status terse__ps_get_hdr(const uint8_t *b, terse__ps_hdr *h) {
     if (terse__get_u32(b + 60) != terse__crc32c_update(0, b, 60))
         return TERSE_ERROR(TERSE_ERR_CORRUPT, "request header fails its checksum");
     static const uint8_t zero[8] = {0};
-    if (memcmp(b + 5, zero, 3) != 0 || memcmp(b + 56, zero, 4) != 0)
+    if (memcmp(b + 5, zero, 3) != 0)
         return TERSE_ERROR(TERSE_ERR_CORRUPT, "request header has nonzero reserved bytes");
     memset(h, 0, sizeof *h);
     h->op = b[4];
@@ -52,6 +54,9 @@ terse_status terse__ps_get_hdr(const uint8_t *b, terse__ps_hdr *h) {
     h->seq = terse__get_u64(b + 32);
     h->nfloats = terse__get_u64(b + 40);
     h->decl_hash = terse__get_u32(b + 48);
+    h->epoch = terse__get_u32(b + 56);
+    if (h->epoch > 1)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "request header has epoch %u (0 or 1)", h->epoch);
     uint32_t wbits = terse__get_u32(b + 52);
     h->weight = 1.0f;
     if (wbits) memcpy(&h->weight, &wbits, 4);

@@ -24,7 +24,9 @@
 #include "algos/ps.h"
 #include "common/error.h"
 
-enum { P_HDR, P_DATA, P_DRAIN, P_PARKED, P_REPLY, P_DONE };
+/* P_HOLD: a replica's request before its head was lost (held until the
+ * store's notice promotes the replica, or refused at the timeout). */
+enum { P_HDR, P_DATA, P_DRAIN, P_PARKED, P_REPLY, P_DONE, P_HOLD };
 
 /* A refused payload is drained (so the worker's send completes) through a
  * buffer of one transport chunk, whatever its size, up to this; a header
@@ -60,7 +62,7 @@ static void blob_free(terse__ps_blob *b) {
 
 terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *init) {
     size_t key = k->index, mine = 0;
-    for (size_t c = 0; c < k->nchunks; c++) mine += k->server[c] == ps->rank;
+    for (size_t c = 0; c < k->nchunks; c++) mine += k->server[c] == ps->slot;
     if (!mine) return TERSE_OK;
     terse__ps_shard *sh = calloc(1, sizeof *sh);
     if (!sh) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
@@ -83,7 +85,7 @@ terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *i
         return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
     size_t j = 0;
     for (size_t c = 0; c < k->nchunks; c++) {
-        if (k->server[c] != ps->rank) continue;
+        if (k->server[c] != ps->slot) continue;
         size_t len = c + 1 < k->nchunks ? k->chunk_floats : k->n - c * k->chunk_floats;
         sh->chunks[j] = c;
         sh->offs[j] = sh->nfloats;
@@ -93,7 +95,7 @@ terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *i
         if (s != TERSE_OK)
             return TERSE_ERROR(s, "terse_ps_declare of key %zu on server rank %d: %s", key,
                                ps->rank, terse_last_error());
-        terse_codec_set_stream(sh->enc[j], (uint64_t)key << 32 | c, (uint32_t)ps->rank);
+        terse_codec_set_stream(sh->enc[j], (uint64_t)key << 32 | c, (uint32_t)ps->slot);
         sh->push_bound += terse_codec_bound(sh->dec[j]);
         sh->pull_bound += terse_codec_bound(sh->enc[j]);
         j++;
@@ -135,6 +137,7 @@ void terse__ps_shard_free(terse_ps *ps, terse__ps_shard *sh) {
     free(sh->chunks), free(sh->offs), free(sh->dec), free(sh->enc);
     free(sh->rx), free(sh->rx_cap), free(sh->got), free(sh->wt), free(sh->has);
     free(sh->pushed), free(sh->pulled), free(sh->value), free(sh->mom), free(sh->center);
+    free(sh->repl_buf);
     free(sh);
 }
 
@@ -180,10 +183,10 @@ static terse_status send_reply(terse_ps *ps, int w, terse_status st, uint64_t ve
     if (blob) blob->refs++;
     p->state = P_REPLY;
     p->since_ns = terse__now_ns();
-    TERSE_CHECK(terse__comm_isend(c, w, terse__ps_tag(TERSE__PS_TAG_REP, p->seq), p->rep,
+    TERSE_CHECK(terse__comm_isend(c, w, terse__ps_tag(ps->slot, TERSE__PS_TAG_REP, p->seq), p->rep,
                                   TERSE__PS_REP_BYTES, TERSE__BYTES_FRAMING, &p->rreq));
     if (blob)
-        TERSE_CHECK(terse__comm_isend(c, w, terse__ps_tag(TERSE__PS_TAG_RDATA, p->seq), blob->data,
+        TERSE_CHECK(terse__comm_isend(c, w, terse__ps_tag(ps->slot, TERSE__PS_TAG_RDATA, p->seq), blob->data,
                                       blob->len, TERSE__BYTES_PAYLOAD, &p->rpreq));
     return TERSE_OK;
 }
@@ -232,7 +235,7 @@ static terse_status TERSE__PRINTF(4, 5)
     p->pend = kind;
     p->state = P_DRAIN;
     p->since_ns = terse__now_ns();
-    return terse__fabric_irecv_sink(ps->comm->fabric, w, terse__ps_tag(TERSE__PS_TAG_DATA, p->seq),
+    return terse__fabric_irecv_sink(ps->comm->fabric, w, terse__ps_tag(ps->slot, TERSE__PS_TAG_DATA, p->seq),
                                     p->drain, len, &p->preq);
 }
 
@@ -316,7 +319,8 @@ static terse_status handle_pull(terse_ps *ps, int w) {
      * without pushing: rounds it sat out) until the steps before its clock
      * closed */
     if (ps->cfg.mode == TERSE_PS_SYNC)
-        wait = (sh->has[w] && sh->version <= p->h.clock) || sh->version < p->h.clock;
+        wait = (sh->has[w] && sh->version <= p->h.clock) || sh->version < p->h.clock ||
+               sh->repl_pending; /* the step is not on the replica yet */
     if (ps->cfg.mode == TERSE_PS_SSP) {
         uint64_t m = ssp_min(ps, sh);
         wait = m != UINT64_MAX && m < ssp_need(ps, p->h.clock);
@@ -383,11 +387,11 @@ static terse_status close_step(terse_ps *ps, size_t key, int by_deadline) {
     ps->stats.pushes_applied += k;
     memset(sh->has, 0, (size_t)ps->nranks);
     sh->count = 0;
-    return TERSE_OK;
+    return terse__ps_replicate(ps, key);
 }
 
 /* Serve the pulls parked on key that can now go. */
-static terse_status wake(terse_ps *ps, size_t key) {
+terse_status terse__ps_wake(terse_ps *ps, size_t key) {
     for (int w = 0; w < ps->nranks; w++) {
         terse__ps_peer *p = &ps->peers[w];
         if (w != ps->rank && !p->lost && p->state == P_PARKED && p->h.key == key)
@@ -414,7 +418,7 @@ static terse_status maybe_close(terse_ps *ps, size_t key) {
     }
 
     TERSE_CHECK(close_step(ps, key, 0));
-    return wake(ps, key);
+    return terse__ps_wake(ps, key);
 }
 
 static terse_status decode_push(terse_ps *ps, int w, terse__ps_shard *sh, float *dst) {
@@ -450,6 +454,12 @@ static terse_status handle_push(terse_ps *ps, int w) {
                       "aggregator",
                       (double)p->h.weight);
     if (ps->cfg.mode == TERSE_PS_SYNC) {
+        if (ps->promoted && (clock < sh->version || sh->has[w])) {
+            /* a resend of a push the dead head applied (or this one has) */
+            ps->stats.duplicates++;
+            if (then_pull) return handle_pull(ps, w);
+            return send_reply(ps, w, TERSE_OK, sh->version, NULL, 0, NULL);
+        }
         if (clock < sh->version) {
             if (ps->cfg.quorum || ps->cfg.deadline_ms) { /* closed without it, by design */
                 char how[64];
@@ -517,7 +527,7 @@ static terse_status handle_push(terse_ps *ps, int w) {
         /* Not applied, but this clock is over for w (its clock moves on):
          * ssp's slowest-worker bound must not wait for it. */
         if (clock + 1 > sh->pushed[w]) sh->pushed[w] = clock + 1;
-        if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(wake(ps, key));
+        if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(terse__ps_wake(ps, key));
         return refuse(ps, w, R_NONFINITE,
                       "key %zu's push holds %g at element %zu of the server's part: it was not "
                       "applied",
@@ -533,7 +543,7 @@ static terse_status handle_push(terse_ps *ps, int w) {
     ps->stats.pushes_applied++;
     ps->staleness_sum += stale;
     if (stale > ps->stats.staleness_max) ps->stats.staleness_max = stale;
-    if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(wake(ps, key));
+    if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(terse__ps_wake(ps, key));
     if (then_pull) return handle_pull(ps, w);
     return send_reply(ps, w, TERSE_OK, sh->version, NULL, stale, NULL);
 }
@@ -563,6 +573,17 @@ static terse_status handle_header(terse_ps *ps, int w) {
                             (double)h.weight);
     if (h.weight != 1.0f && h.op != TERSE__PS_PUSH && h.op != TERSE__PS_PUSHPULL)
         return refuse_drain(ps, w, R_CORRUPT, "a weight on a request that pushes nothing");
+    if (h.op != TERSE__PS_FINISH && h.epoch != (uint32_t)(ps->slot != ps->rank))
+        return refuse_drain(ps, w, R_STEP,
+                            "a request of epoch %u for slot %d on rank %d, which %s", h.epoch,
+                            ps->slot, ps->rank,
+                            ps->slot == ps->rank ? "is the slot's head (epoch 0)"
+                                                 : "is the slot's replica (epoch 1)");
+    if (h.op != TERSE__PS_FINISH && ps->slot != ps->rank && !ps->promoted) {
+        p->state = P_HOLD; /* until the head's loss is announced */
+        p->parked_ns = terse__now_ns();
+        return TERSE_OK;
+    }
     if (h.op == TERSE__PS_FINISH) {
         p->finished = 1;
         TERSE_CHECK(send_reply(ps, w, TERSE_OK, 0, NULL, 0, NULL));
@@ -570,7 +591,7 @@ static terse_status handle_header(terse_ps *ps, int w) {
         for (size_t k = 0; k < ps->nkeys; k++)
             if (ps->keys[k]->shard) {
                 TERSE_CHECK(maybe_close(ps, k));
-                if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(wake(ps, k));
+                if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(terse__ps_wake(ps, k));
             }
         return TERSE_OK;
     }
@@ -610,7 +631,8 @@ static terse_status handle_header(terse_ps *ps, int w) {
     }
     p->state = P_DATA;
     p->since_ns = terse__now_ns();
-    return terse__comm_irecv(ps->comm, w, terse__ps_tag(TERSE__PS_TAG_DATA, p->seq), sh->rx[w],
+
+    return terse__comm_irecv(ps->comm, w, terse__ps_tag(ps->slot, TERSE__PS_TAG_DATA, p->seq), sh->rx[w],
                              (size_t)h.payload_len, TERSE__BYTES_PAYLOAD, &p->preq);
 }
 
@@ -618,7 +640,7 @@ static terse_status post_header(terse_ps *ps, int w) {
     terse__ps_peer *p = &ps->peers[w];
     memset(&p->h, 0, sizeof p->h);
     p->state = P_HDR;
-    return terse__comm_irecv(ps->comm, w, terse__ps_tag(TERSE__PS_TAG_HDR, p->seq), p->hdr,
+    return terse__comm_irecv(ps->comm, w, terse__ps_tag(ps->slot, TERSE__PS_TAG_HDR, p->seq), p->hdr,
                              TERSE__PS_HDR_BYTES, TERSE__BYTES_FRAMING, &p->hreq);
 }
 
@@ -652,7 +674,7 @@ static terse_status after_loss(terse_ps *ps) {
     for (size_t k = 0; k < ps->nkeys; k++)
         if (ps->keys[k]->shard) {
             TERSE_CHECK(maybe_close(ps, k));
-            if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(wake(ps, k));
+            if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(terse__ps_wake(ps, k));
         }
     return TERSE_OK;
 }
@@ -672,6 +694,57 @@ static terse_status poll_losses(terse_ps *ps) {
     return any ? after_loss(ps) : TERSE_OK;
 }
 
+/* replicas 2: the head of the mirror's slot was lost, so the mirror
+ * serves the slot from its last acknowledged step on (ps_replica.c). */
+static terse_status promote(terse_ps *ps) {
+    terse_ps *m = ps->mirror;
+    terse__fabric *f = ps->comm->fabric;
+    if (!terse__fabric_cancel(f, &m->rhreq)) (void)terse__fabric_give_up(f, &m->rhreq);
+    if (!terse__fabric_cancel(f, &m->rdreq)) (void)terse__fabric_give_up(f, &m->rdreq);
+    m->promoted = 1;
+    m->stats.takeovers++;
+    uint64_t now = terse__now_ns(), step = 0;
+    m->heard_ns = now;
+    for (size_t k = 0; k < m->nkeys; k++)
+        if (m->keys[k]->shard) {
+            m->keys[k]->shard->opened_ns = now;
+            step = m->keys[k]->shard->version;
+        }
+    fprintf(stderr,
+            "terse: parameter server rank %d: server rank %d, the head of slot %d, was lost; "
+            "its replica here serves the slot from step %llu on\n",
+            ps->rank, m->slot, m->slot, (unsigned long long)step);
+    for (int w = m->nservers; w < m->nranks; w++)
+        if (m->peers[w].state == P_HOLD) TERSE_CHECK(handle_header(m, w));
+    return TERSE_OK;
+}
+
+/* replicas 2: a server was lost. The mirror's head: take over; this
+ * head's replica: go on alone. */
+static terse_status poll_servers(terse_ps *ps) {
+    if (!ps->comm->store || (!ps->mirror && ps->backup < 0)) return TERSE_OK;
+    const uint8_t *lost = NULL;
+    TERSE_CHECK(terse__store_poll_lost(ps->comm->store, &lost));
+    if (ps->mirror && !ps->mirror->promoted && lost[ps->mirror->slot]) TERSE_CHECK(promote(ps));
+    if (ps->backup >= 0 && lost[ps->backup])
+        TERSE_CHECK(terse__ps_backup_lost(ps, "the bootstrap store announced its loss"));
+    return TERSE_OK;
+}
+
+/* An unpromoted replica's held requests: its head is alive after all. */
+static terse_status expire_held(terse_ps *ps, uint64_t now) {
+    uint64_t limit = (uint64_t)ps->comm->timeout_ms * 750000ull;
+    for (int w = ps->nservers; w < ps->nranks; w++) {
+        terse__ps_peer *p = &ps->peers[w];
+        if (p->state != P_HOLD || now < p->parked_ns || now - p->parked_ns < limit) continue;
+        TERSE_CHECK(refuse_drain(ps, w, R_ROLE,
+                                 "rank %d holds slot %d's replica, and the slot's head, server "
+                                 "rank %d, was not lost: send it there",
+                                 ps->rank, ps->slot, ps->slot));
+    }
+    return TERSE_OK;
+}
+
 /* Parked pulls older than 3/4 of the timeout: the workers they wait for
  * are stopped or far too slow; tell the waiter which, before its own
  * timeout fires. */
@@ -683,7 +756,7 @@ static terse_status close_overdue(terse_ps *ps, uint64_t now) {
         terse__ps_shard *sh = ps->keys[key]->shard;
         if (!sh || now < sh->opened_ns || now - sh->opened_ns < limit) continue;
         TERSE_CHECK(close_step(ps, key, 1));
-        TERSE_CHECK(wake(ps, key));
+        TERSE_CHECK(terse__ps_wake(ps, key));
     }
     return TERSE_OK;
 }
@@ -850,6 +923,24 @@ static int cancel_all(terse_ps *ps) {
     return ok;
 }
 
+/* A promoted replica's work counts as this server's. */
+static void fold_stats(terse_ps *ps, const terse_ps *m) {
+    terse_ps_stats *a = &ps->stats;
+    const terse_ps_stats *b = &m->stats;
+    a->pushes_applied += b->pushes_applied;
+    a->steps_closed += b->steps_closed;
+    a->late_dropped += b->late_dropped;
+    a->refused_key += b->refused_key;
+    a->refused_step += b->refused_step;
+    a->refused_role += b->refused_role;
+    a->refused_corrupt += b->refused_corrupt;
+    a->refused_nonfinite += b->refused_nonfinite;
+    a->deadline_closes += b->deadline_closes;
+    a->takeovers += b->takeovers;
+    a->duplicates += b->duplicates;
+    if (b->workers_lost > a->workers_lost) a->workers_lost = b->workers_lost;
+}
+
 terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usable) {
     terse_ps *ps = r->a.ext.obj;
     terse_status s = TERSE_OK;
@@ -861,12 +952,15 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
                            ps->rank);
     }
     ps->served = 1;
+    terse_ps *m = ps->mirror; /* replicas 2: the slot this rank is the replica of */
     for (int w = 0; w < ps->nranks && s == TERSE_OK; w++)
         if (w != ps->rank) s = post_header(ps, w);
+    for (int w = ps->nservers; m && w < ps->nranks && s == TERSE_OK; w++) s = post_header(m, w);
     uint64_t last_poll = 0, last_event = terse__now_ns();
     ps->heard_ns = last_event;
+    if (m) m->heard_ns = last_event;
     unsigned idle = 0;
-    while (s == TERSE_OK && !all_done(ps)) {
+    while (s == TERSE_OK && !(all_done(ps) && (!m || all_done(m)))) {
         if (atomic_load_explicit(&c->aborted, memory_order_acquire)) {
             s = TERSE_ERROR(TERSE_ERR_ABORTED, "parameter server rank %d: aborted "
                                                "(terse_comm_abort) while serving", ps->rank);
@@ -876,14 +970,22 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
         s = terse__fabric_progress(c->fabric, &events);
         for (int w = 0; s == TERSE_OK && w < ps->nranks; w++)
             if (w != ps->rank) s = step_peer(ps, w);
+        for (int w = ps->nservers; m && s == TERSE_OK && w < ps->nranks; w++) s = step_peer(m, w);
+        if (s == TERSE_OK && (m || ps->backup >= 0)) s = terse__ps_repl_progress(ps);
         uint64_t now = terse__now_ns();
         if (s == TERSE_OK && now - last_poll >= POLL_NS) {
             last_poll = now;
             s = poll_losses(ps);
+            if (s == TERSE_OK) s = poll_servers(ps);
             if (s == TERSE_OK) s = close_overdue(ps, now);
             if (s == TERSE_OK) s = expire_parked(ps, now);
             if (s == TERSE_OK) s = expire_stuck(ps, now);
             if (s == TERSE_OK) s = check_silence(ps, now);
+            if (s == TERSE_OK && m) s = m->promoted ? poll_losses(m) : expire_held(m, now);
+            if (s == TERSE_OK && m && m->promoted) s = close_overdue(m, now);
+            if (s == TERSE_OK && m && m->promoted) s = expire_parked(m, now);
+            if (s == TERSE_OK && m) s = expire_stuck(m, now);
+            if (s == TERSE_OK && m && m->promoted) s = check_silence(m, now);
         }
         if (events) {
             idle = 0;
@@ -897,7 +999,12 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
     }
     char why[512];
     snprintf(why, sizeof why, "%s", terse_last_error());
+    terse__ps_repl_cancel(ps);
     int clean = cancel_all(ps); /* its cancellations leave sentences of their own */
+    if (m) {
+        clean &= cancel_all(m);
+        fold_stats(ps, m);
+    }
     if (s != TERSE_OK) terse__error_restore(why);
     if (s != TERSE_OK || !clean) {
         if (s == TERSE_OK)

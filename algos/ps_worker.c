@@ -5,9 +5,11 @@
  * then receive and decode the pull payloads. The waits watch only the
  * servers this request needs: a lost fellow worker is the servers'
  * business (ps_server.c), not a reason to fail here. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "algos/engine.h"
 #include "algos/ps.h"
@@ -120,62 +122,262 @@ static terse_status refused(terse_ps *ps, int op, size_t key, int s, const terse
                        op_name(op), key, ps->rank, s, r->text);
 }
 
-static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key, float *buf,
-                             uint64_t clock, float weight, int *keep_usable) {
+/* ---------------------------------------------------------------- replicas */
+
+static int backup_of(const terse_ps *ps, int s) { return (s + 1) % ps->nservers; }
+
+/* replicas 2: slot s may still move to its replica. */
+static int can_fail_over(const terse_ps *ps, int s, const uint8_t *lost) {
+    return ps->cfg.replicas == 2 && ps->target[s] == s && !(lost && lost[backup_of(ps, s)]);
+}
+
+/* replicas 2: wait for reqs (qslot[i]: the slot each belongs to) in
+ * tolerant mode. A transfer to a server the store announces lost, or one
+ * that fails, marks its slot failed[] if the slot has a live replica (its
+ * transfers are cancelled and the rest waited for); otherwise the wait
+ * fails naming the server and its slot. */
+static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, const int *qslot,
+                               uint8_t *failed, int loss_ok) {
     terse_comm *c = ps->comm;
-    const int S = ps->nservers, push = op == TERSE__PS_PUSH || op == TERSE__PS_PUSHPULL,
-              pull = op == TERSE__PS_PULL || op == TERSE__PS_PUSHPULL;
-    /* terse_ps_create keeps the servers within what one wait can hold:
-     * three requests per server in c->reqs. */
-    uint8_t need[TERSE__PS_MAX_SERVERS];
-    size_t plen[TERSE__PS_MAX_SERVERS] = {0};
+    terse__fabric *f = c->fabric;
+    const uint64_t t0 = terse__now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+    uint64_t last_event = t0, last_poll = 0;
+    const uint8_t *lost = NULL;
+    unsigned idle = 0;
+    terse_status st = TERSE_OK;
+    for (;;) {
+        if (atomic_load_explicit(&c->aborted, memory_order_acquire)) {
+            st = TERSE_ERROR(TERSE_ERR_ABORTED, "rank %d: aborted (terse_comm_abort)", ps->rank);
+            break;
+        }
+        size_t events = 0;
+        st = terse__fabric_progress(f, &events);
+        if (st != TERSE_OK) break;
+        uint64_t now = terse__now_ns();
+        if (c->store && now - last_poll >= 1000000ull) {
+            last_poll = now;
+            st = terse__store_poll_lost(c->store, &lost);
+            if (st != TERSE_OK) break;
+        }
+        int pending = 0;
+        for (size_t i = 0; i < nq && st == TERSE_OK; i++) {
+            int s = qslot[i], t = ps->target[s];
+            if (failed[s]) continue;
+            int gone = lost && lost[t];
+            int idle_req = terse__fabric_req_idle(f, &q[i]);
+            if (!gone && !(idle_req && q[i].error)) {
+                pending |= !idle_req;
+                continue;
+            }
+            if (loss_ok || can_fail_over(ps, s, lost)) {
+                failed[s] = 1;
+                continue;
+            }
+            st = TERSE_ERROR(gone ? TERSE_ERR_PEER_LOST : (terse_status)q[i].error,
+                             "rank %d: parameter server rank %d, which serves slot %d, %s%s",
+                             ps->rank, t, s,
+                             gone ? "was lost (its connection to the bootstrap store dropped "
+                                    "without a goodbye)"
+                                  : "failed a transfer",
+                             ps->target[s] != s ? " after taking over from the slot's lost head: "
+                                                  "both of its servers are gone"
+                                                : ", and its replica is gone too");
+        }
+        if (st != TERSE_OK || !pending) break;
+        if (events) {
+            idle = 0;
+            last_event = now;
+        } else if (now - last_event >= limit) {
+            int w = -1; /* the first transfer still waiting */
+            for (size_t i = 0; i < nq && w < 0; i++)
+                if (!failed[qslot[i]] && !terse__fabric_req_idle(f, &q[i])) w = (int)i;
+            st = TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                             "rank %d: no progress from the parameter servers for %llu ms (%s "
+                             "server rank %d about slot %d, tag %#llx, not done)",
+                             ps->rank, (unsigned long long)((now - last_event) / 1000000u),
+                             w >= 0 && q[w].is_send ? "a send to" : "a receive from",
+                             w >= 0 ? q[w].peer : -1, w >= 0 ? qslot[w] : -1,
+                             w >= 0 ? (unsigned long long)q[w].tag : 0ull);
+            break;
+        } else if (now - last_event >= PS_NAP_AFTER_NS) {
+            struct timespec nap = {0, 20000};
+            nanosleep(&nap, NULL);
+        } else if (++idle >= 16) {
+            sched_yield();
+        }
+    }
+    char why[512]; /* the cancellations below leave sentences of their own */
+    snprintf(why, sizeof why, "%s", terse_last_error());
+    int ok = 1;
+    for (size_t i = 0; i < nq; i++) {
+        if (!failed[qslot[i]] && st == TERSE_OK) continue;
+        if (terse__fabric_cancel(f, &q[i])) continue;
+        /* shm may hold a transfer to a dead process forever: give it up */
+        ok &= failed[qslot[i]] && terse__fabric_give_up(f, &q[i]);
+    }
+    pthread_mutex_lock(&c->stats_lock);
+    c->stats.network_seconds += (double)(terse__now_ns() - t0) * 1e-9;
+    pthread_mutex_unlock(&c->stats_lock);
+    if (st != TERSE_OK) terse__error_restore(why);
+    if (st == TERSE_OK && !ok)
+        st = TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: a transfer to a lost server would not "
+                                              "cancel", ps->rank);
+    return st;
+}
+
+/* Send one request to slot s's server and take its reply header (no
+ * payload back): the resends of a failover, and replicas 2's finish. */
+static terse_status one_request(terse_ps *ps, int s, const terse__ps_hdr *h0, const void *payload,
+                                uint8_t *failed, int loss_ok) {
+    terse_comm *c = ps->comm;
+    terse__ps_hdr h = *h0;
+    h.seq = ps->seq[s];
+    h.epoch = ps->epoch[s];
+    uint8_t hb[TERSE__PS_HDR_BYTES], rb[TERSE__PS_REP_BYTES];
+    terse__ps_put_hdr(hb, &h);
+    terse__fabric_req q[3];
+    int qs[3] = {s, s, s};
+    size_t nq = 0;
+    int t = ps->target[s];
+    TERSE_CHECK(terse__comm_irecv(c, t, terse__ps_tag(s, TERSE__PS_TAG_REP, h.seq), rb, sizeof rb,
+                                  TERSE__BYTES_FRAMING, &q[nq++]));
+    TERSE_CHECK(terse__comm_isend(c, t, terse__ps_tag(s, TERSE__PS_TAG_HDR, h.seq), hb, sizeof hb,
+                                  TERSE__BYTES_FRAMING, &q[nq++]));
+    if (h.payload_len)
+        TERSE_CHECK(terse__comm_isend(c, t, terse__ps_tag(s, TERSE__PS_TAG_DATA, h.seq), payload,
+                                      (size_t)h.payload_len, TERSE__BYTES_PAYLOAD, &q[nq++]));
+    TERSE_CHECK(wait_slots(ps, q, nq, qs, failed, loss_ok));
+    if (failed[s]) return TERSE_OK;
+    ps->seq[s]++;
+    terse__ps_rep r;
+    TERSE_CHECK(terse__ps_get_rep(rb, &r));
+    if (r.payload_len)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "rank %d: server rank %d answered with a payload",
+                           ps->rank, t);
+    return r.status == TERSE_OK ? TERSE_OK : TERSE_ERROR(r.status, "%s", r.text);
+}
+
+/* Slot s's head was lost: move the slot to its replica (epoch 1) and
+ * resend every push no pull has covered there, in key order, but the one
+ * the request under way (key cur, if it pushes) is about to send again. */
+static terse_status fail_over(terse_ps *ps, int s, size_t cur, int cur_pushes) {
+    int b = backup_of(ps, s);
+    fprintf(stderr,
+            "terse: rank %d: parameter server rank %d (slot %d) was lost; its replica, server "
+            "rank %d, serves the slot from now on\n",
+            ps->rank, s, s, b);
+    ps->target[s] = b;
+    ps->epoch[s] = 1;
+    ps->seq[s] = 0;
+    for (size_t key = 0; key < ps->nkeys; key++) {
+        terse__ps_key *k = ps->keys[key];
+        terse__ps_unacked *u = k->unacked ? &k->unacked[s] : NULL;
+        if (!u || !u->valid || (key == cur && cur_pushes)) continue;
+        terse__ps_hdr h = {TERSE__PS_PUSH, key, u->clock, u->len, 0, k->srv_floats[s],
+                           k->decl_hash, u->weight, 1};
+        uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
+        terse_status st = one_request(ps, s, &h, u->buf, failed, 1);
+        if (failed[s])
+            return TERSE_ERROR(TERSE_ERR_PEER_LOST,
+                               "rank %d: slot %d's replica, server rank %d, was lost too", ps->rank,
+                               s, b);
+        /* A refusal (a quorum that closed the step without it) drops it,
+         * as the head would have. */
+        if (st != TERSE_OK && st != TERSE_ERR_STALE && st != TERSE_ERR_NONFINITE) return st;
+    }
+    return TERSE_OK;
+}
+
+/* replicas 2: finish with every slot's server, and with each live head's
+ * replica too (it waits for every worker's goodbye, in case it takes
+ * over). A server found lost has nothing to be told. */
+static terse_status finish_replicated(terse_ps *ps) {
+    for (int s = 0; s < ps->nservers; s++) {
+        for (int pass = 0; pass < 2; pass++) {
+            int was = ps->target[s];
+            if (pass == 1) { /* the replica's conversation about slot s */
+                if (was != s) break; /* it is the slot's server already: done in pass 0 */
+                ps->target[s] = backup_of(ps, s);
+            }
+            terse__ps_hdr h = {TERSE__PS_FINISH, 0, 0, 0, 0, 0, 0, 1.0f, 0};
+            uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
+            uint64_t seq = ps->seq[s];
+            if (pass == 1) ps->seq[s] = 0;
+            terse_status st = one_request(ps, s, &h, NULL, failed, 1);
+            ps->target[s] = was;
+            if (pass == 1) ps->seq[s] = seq;
+            if (failed[s]) continue; /* lost: nothing to tell it */
+            if (st != TERSE_OK) return st;
+        }
+    }
+    return TERSE_OK;
+}
+
+/* ---------------------------------------------------------------- exchange */
+
+/* The slots in mask: send the requests, take the replies, receive and
+ * decode the pulls. replicas 2: a slot whose server is lost comes back in
+ * failed[] with nothing of it done (the caller moves it to the replica
+ * and runs it again). plen[s]: the push payload in sbuf[s]. */
+static terse_status exchange_mask(terse_ps *ps, terse__ps_key *k, int op, size_t key, float *buf,
+                                  uint64_t clock, float weight, const uint8_t *mask,
+                                  const size_t *plen, uint8_t *failed, int *keep_usable) {
+    terse_comm *c = ps->comm;
+    const int S = ps->nservers, pull = op == TERSE__PS_PULL || op == TERSE__PS_PUSHPULL;
+    const int replicated = ps->cfg.replicas == 2;
     terse__fabric_req *q = c->reqs;
+    int qslot[TERSE__COMM_MAX_REQS];
     size_t nq = 0;
     terse_status st = TERSE_OK;
-    uint64_t t0 = terse__now_ns();
     for (int s = 0; s < S; s++) {
-        need[s] = k ? k->srv_nchunks[s] > 0 : 1;
-        if (!need[s]) continue;
-        if (push) TERSE_CHECK(encode_for(ps, k, s, buf, &plen[s]));
+        if (!mask[s]) continue;
         terse__ps_hdr h = {op, key, clock, plen[s], ps->seq[s], k ? k->srv_floats[s] : 0,
-                           k ? k->decl_hash : 0, weight};
+                           k ? k->decl_hash : 0, weight, ps->epoch[s]};
         terse__ps_put_hdr(ps->whdr + s * TERSE__PS_HDR_BYTES, &h);
     }
-    terse__comm_codec_time(c, t0);
     for (int s = 0; s < S; s++) {
-        if (!need[s]) continue;
+        if (!mask[s]) continue;
         uint64_t sq = ps->seq[s];
-        TERSE_CHECK(terse__comm_irecv(c, s, terse__ps_tag(TERSE__PS_TAG_REP, sq),
+        int t = ps->target[s];
+        qslot[nq] = s;
+        TERSE_CHECK(terse__comm_irecv(c, t, terse__ps_tag(s, TERSE__PS_TAG_REP, sq),
                                       ps->wrep + s * TERSE__PS_REP_BYTES, TERSE__PS_REP_BYTES,
                                       TERSE__BYTES_FRAMING, &q[nq++]));
-        TERSE_CHECK(terse__comm_isend(c, s, terse__ps_tag(TERSE__PS_TAG_HDR, sq),
+        qslot[nq] = s;
+        TERSE_CHECK(terse__comm_isend(c, t, terse__ps_tag(s, TERSE__PS_TAG_HDR, sq),
                                       ps->whdr + s * TERSE__PS_HDR_BYTES, TERSE__PS_HDR_BYTES,
                                       TERSE__BYTES_FRAMING, &q[nq++]));
-        if (plen[s])
-            TERSE_CHECK(terse__comm_isend(c, s, terse__ps_tag(TERSE__PS_TAG_DATA, sq), ps->sbuf[s],
-                                          plen[s], TERSE__BYTES_PAYLOAD, &q[nq++]));
+        if (plen[s]) {
+            qslot[nq] = s;
+            TERSE_CHECK(terse__comm_isend(c, t, terse__ps_tag(s, TERSE__PS_TAG_DATA, sq),
+                                          ps->sbuf[s], plen[s], TERSE__BYTES_PAYLOAD, &q[nq++]));
+        }
     }
-    TERSE_CHECK(wait_for(ps, q, nq, need));
+    if (replicated)
+        TERSE_CHECK(wait_slots(ps, q, nq, qslot, failed, 0));
+    else
+        TERSE_CHECK(wait_for(ps, q, nq, mask));
     /* Every reply is in: the conversation with each server moved on. */
     int first = -1;
     nq = 0;
     for (int s = 0; s < S; s++) {
-        if (!need[s]) continue;
+        if (!mask[s] || failed[s]) continue;
         ps->seq[s]++;
         terse__ps_rep *r = &ps->reps[s];
+        int t = ps->target[s];
         st = terse__ps_get_rep(ps->wrep + s * TERSE__PS_REP_BYTES, r);
         if (st == TERSE_OK && r->seq != ps->seq[s] - 1)
             st = TERSE_ERROR(TERSE_ERR_CORRUPT, "reply for message %llu, expected %llu",
                              (unsigned long long)r->seq, (unsigned long long)(ps->seq[s] - 1));
         if (st != TERSE_OK)
-            return TERSE_ERROR(st, "rank %d: server rank %d's reply to %s: %s", ps->rank, s,
+            return TERSE_ERROR(st, "rank %d: server rank %d's reply to %s: %s", ps->rank, t,
                                op_name(op), terse_last_error());
         if (r->status != TERSE_OK) {
             if (first < 0) first = s;
             if (r->payload_len)
                 return TERSE_ERROR(TERSE_ERR_CORRUPT,
                                    "rank %d: server rank %d refused %s but announced %llu bytes",
-                                   ps->rank, s, op_name(op), (unsigned long long)r->payload_len);
+                                   ps->rank, t, op_name(op), (unsigned long long)r->payload_len);
             continue;
         }
         if (!pull) continue;
@@ -183,13 +385,17 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
             return TERSE_ERROR(TERSE_ERR_CORRUPT,
                                "rank %d: server rank %d announced a %llu-byte pull of key %zu; "
                                "its chunks here encode to 1..%zu bytes",
-                               ps->rank, s, (unsigned long long)r->payload_len, key,
+                               ps->rank, t, (unsigned long long)r->payload_len, key,
                                k->srv_pull_bound[s]);
         TERSE_CHECK(grow(&ps->rbuf[s], &ps->rbuf_cap[s], r->payload_len));
-        TERSE_CHECK(terse__comm_irecv(c, s, terse__ps_tag(TERSE__PS_TAG_RDATA, ps->seq[s] - 1),
+        qslot[nq] = s;
+        TERSE_CHECK(terse__comm_irecv(c, t, terse__ps_tag(s, TERSE__PS_TAG_RDATA, ps->seq[s] - 1),
                                       ps->rbuf[s], r->payload_len, TERSE__BYTES_PAYLOAD, &q[nq++]));
     }
-    if (nq) TERSE_CHECK(wait_for(ps, q, nq, need));
+    if (nq && replicated)
+        TERSE_CHECK(wait_slots(ps, q, nq, qslot, failed, 0));
+    else if (nq)
+        TERSE_CHECK(wait_for(ps, q, nq, mask));
     if (first >= 0) {
         /* A refusal concerns this request only: the conversation is intact. */
         *keep_usable = 1;
@@ -197,28 +403,81 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
          * with its step; any other refusal leaves the step open for it. */
         int again = 0; /* any server whose step waits for this worker */
         for (int s = 0; s < S; s++) {
-            terse_status why = need[s] ? ps->reps[s].status : TERSE_OK;
+            terse_status why = mask[s] && !failed[s] ? ps->reps[s].status : TERSE_OK;
             again |= why != TERSE_OK && why != TERSE_ERR_STALE && why != TERSE_ERR_NONFINITE;
         }
-        if (push && ps->cfg.mode == TERSE_PS_SYNC && again)
+        if ((op == TERSE__PS_PUSH || op == TERSE__PS_PUSHPULL) && ps->cfg.mode == TERSE_PS_SYNC &&
+            again)
             atomic_store(&ps->step_refused, 1); /* push again */
         return refused(ps, op, key, first, &ps->reps[first]);
     }
     if (pull) {
-        t0 = terse__now_ns();
+        uint64_t t0 = terse__now_ns();
         uint64_t newest = 0;
         for (int s = 0; s < S; s++) {
-            if (!need[s]) continue;
+            if (!mask[s] || failed[s]) continue;
             TERSE_CHECK(decode_from(ps, k, s, key, buf, ps->reps[s].payload_len));
             if (ps->reps[s].version > newest) newest = ps->reps[s].version;
+            /* a later step's result: the push before it is on both servers */
+            terse__ps_unacked *u = k->unacked ? &k->unacked[s] : NULL;
+            if (u && u->valid && ps->reps[s].version > u->clock) u->valid = 0;
         }
         terse__comm_codec_time(c, t0);
         /* Behind a quorum: the next step is the server's. */
         if (ps->cfg.mode == TERSE_PS_SYNC && newest > clock + 1 &&
             newest > atomic_load(&ps->clock_floor))
             atomic_store(&ps->clock_floor, newest);
-        ps->stats.pulls++;
     }
+    return TERSE_OK;
+}
+
+static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key, float *buf,
+                             uint64_t clock, float weight, int *keep_usable) {
+    const int S = ps->nservers, push = op == TERSE__PS_PUSH || op == TERSE__PS_PUSHPULL,
+              pull = op == TERSE__PS_PULL || op == TERSE__PS_PUSHPULL;
+    if (op == TERSE__PS_FINISH && ps->cfg.replicas == 2) return finish_replicated(ps);
+    /* terse_ps_create keeps the servers within what one wait can hold:
+     * three requests per server in c->reqs. */
+    uint8_t mask[TERSE__PS_MAX_SERVERS];
+    size_t plen[TERSE__PS_MAX_SERVERS] = {0};
+    uint64_t t0 = terse__now_ns();
+    for (int s = 0; s < S; s++) {
+        mask[s] = k ? k->srv_nchunks[s] > 0 : 1;
+        if (!mask[s] || !push) continue;
+        TERSE_CHECK(encode_for(ps, k, s, buf, &plen[s]));
+        terse__ps_unacked *u = k->unacked ? &k->unacked[s] : NULL;
+        if (u) { /* kept until a pull of a later step: resent to a replica */
+            TERSE_CHECK(grow(&u->buf, &u->cap, plen[s]));
+            memcpy(u->buf, ps->sbuf[s], plen[s]);
+            u->len = plen[s];
+            u->clock = clock;
+            u->weight = weight;
+            u->valid = 1;
+        }
+    }
+    terse__comm_codec_time(ps->comm, t0);
+    terse_status refusal = TERSE_OK;
+    char why[512] = "";
+    for (;;) {
+        uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
+        terse_status st = exchange_mask(ps, k, op, key, buf, clock, weight, mask, plen, failed,
+                                        keep_usable);
+        if (st != TERSE_OK && !*keep_usable) return st;
+        if (st != TERSE_OK && refusal == TERSE_OK) {
+            refusal = st;
+            snprintf(why, sizeof why, "%s", terse_last_error());
+        }
+        int any = 0;
+        for (int s = 0; s < S; s++)
+            if (failed[s]) {
+                any = 1;
+                TERSE_CHECK(fail_over(ps, s, key, push));
+            }
+        if (!any) break;
+        memcpy(mask, failed, sizeof mask); /* run the moved slots again */
+    }
+    if (refusal != TERSE_OK) return TERSE_ERROR(refusal, "%s", why);
+    if (pull) ps->stats.pulls++;
     if (push) ps->stats.pushes++;
     return TERSE_OK;
 }
@@ -320,12 +579,12 @@ terse_status terse__ps_test_raw(terse_ps *ps, int server, terse__ps_hdr *h, cons
     terse__ps_put_hdr(hb, h);
     terse__fabric_req *q = c->reqs;
     size_t nq = 0;
-    TERSE_CHECK(terse__comm_irecv(c, server, terse__ps_tag(TERSE__PS_TAG_REP, h->seq), rb,
+    TERSE_CHECK(terse__comm_irecv(c, server, terse__ps_tag(server, TERSE__PS_TAG_REP, h->seq), rb,
                                   sizeof rb, TERSE__BYTES_FRAMING, &q[nq++]));
-    TERSE_CHECK(terse__comm_isend(c, server, terse__ps_tag(TERSE__PS_TAG_HDR, h->seq), hb,
+    TERSE_CHECK(terse__comm_isend(c, server, terse__ps_tag(server, TERSE__PS_TAG_HDR, h->seq), hb,
                                   sizeof hb, TERSE__BYTES_FRAMING, &q[nq++]));
     if (len)
-        TERSE_CHECK(terse__comm_isend(c, server, terse__ps_tag(TERSE__PS_TAG_DATA, h->seq), payload,
+        TERSE_CHECK(terse__comm_isend(c, server, terse__ps_tag(server, TERSE__PS_TAG_DATA, h->seq), payload,
                                       len, TERSE__BYTES_PAYLOAD, &q[nq++]));
     TERSE_CHECK(wait_for(ps, q, nq, need));
     ps->seq[server]++;
@@ -333,7 +592,7 @@ terse_status terse__ps_test_raw(terse_ps *ps, int server, terse__ps_hdr *h, cons
     if (rep->payload_len) {
         uint8_t *junk = malloc(rep->payload_len);
         if (!junk) return TERSE_ERROR(TERSE_ERR_NOMEM, "no memory");
-        terse_status s = terse__comm_irecv(c, server, terse__ps_tag(TERSE__PS_TAG_RDATA, h->seq),
+        terse_status s = terse__comm_irecv(c, server, terse__ps_tag(server, TERSE__PS_TAG_RDATA, h->seq),
                                            junk, rep->payload_len, TERSE__BYTES_PAYLOAD, &q[0]);
         if (s == TERSE_OK) s = wait_for(ps, q, 1, need);
         free(junk);

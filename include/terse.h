@@ -914,9 +914,33 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * timeout is counted lost. Servers end serving with TERSE_ERR_TIMEOUT when
  * no worker has sent anything for the timeout (a worker that exits
  * without terse_ps_finish; or compute between requests longer than the
- * timeout -- raise it). A server lost fails the worker's request with
- * TERSE_ERR_PEER_LOST naming it, and the worker's communicator with it
- * (replication, so that training goes on, is not built yet).
+ * timeout -- raise it). With replicas 1 (the default) a server lost fails
+ * the worker's request with TERSE_ERR_PEER_LOST naming it,
+ * and the worker's communicator with it.
+ *
+ * Replication (terse_ps_config.replicas = 2, or "sync:replicas=2"; sync
+ * mode, 2 or more servers). Placement gives every chunk a slot, the server
+ * index s that holds it (its head); rank (s + 1) mod S keeps a replica of
+ * everything slot s holds. When the head closes a step of a key it sends
+ * the shard's new state (parameters, momentum, the aggregator's center) to
+ * the replica and answers that step's pulls only once the replica
+ * acknowledged it (stats: replicated). When the store announces a head's
+ * loss (within about a second of its death), the replica takes the slot
+ * over from its last acknowledged step (takeovers); each worker moves the
+ * slot to it and resends the pushes no pull has covered yet, which the new
+ * head applies at most once (duplicates counts the resends it already
+ * had). Pushes are aggregated in worker-rank order, so training goes on
+ * with the same bits as if nobody had died (tested with SIGKILL over tcp
+ * and shm). A replica that dies leaves its head serving alone; a slot
+ * whose head and replica are both lost fails the workers' requests with
+ * TERSE_ERR_PEER_LOST naming the slot. Limits: pull codecs must be dense
+ * (a pull codec's server-side state would not be on the replica:
+ * terse_ps_declare refuses others with TERSE_ERR_UNSUPPORTED); replicas 3
+ * and more are refused (TERSE_ERR_UNSUPPORTED); a lost server is not
+ * replaced (its slot runs unreplicated until the job ends); on shm every
+ * message then travels in chunks within shm's inject size (4 KiB), since
+ * libfabric 1.17's shm never completes a larger send to a process that
+ * died, and stalls every later large send behind it.
  *
  * Threading: calls on one terse_ps from one thread at a time; requests
  * may be tested and waited for as the engine allows. A request belongs to
@@ -954,16 +978,21 @@ typedef struct terse_ps_config {
                              * "signvote": see Aggregators above */
     int deadline_ms;       /* sync: a step closes this long after it opened,
                             * with the pushes it has (0: no deadline) */
+    int replicas;          /* servers holding each chunk: 1 (default; 0 means
+                            * 1) or 2 (sync mode, 2 or more servers): see
+                            * Replication */
 } terse_ps_config;
 
 #define TERSE_PS_CONFIG_INIT                                                      \
     {sizeof(terse_ps_config), 1, 0, 64, TERSE_PS_SYNC, 0, 0, 0, 0, TERSE_PS_UPDATE_NONE, \
-     0.0f, 0.0f, NULL, 0}
+     0.0f, 0.0f, NULL, 0, 1}
 
-/* Set mode, quorum, staleness, max_staleness and lr_scale of *cfg from a
- * spec ("sync", "sync:quorum=3", "async", "async:max_staleness=8,lr_scale=1",
- * "ssp:2"); other fields are kept. A bad spec fails with TERSE_ERR_INVALID
- * naming the token. */
+/* Set mode, quorum, staleness, max_staleness, lr_scale, deadline_ms and
+ * replicas of *cfg from a spec ("sync", "sync:quorum=3", "async",
+ * "async:max_staleness=8,lr_scale=1", "ssp:2", "sync:deadline_ms=500",
+ * "sync:replicas=2"; what the spec leaves out is reset: 0, and replicas 1);
+ * other fields are kept. A bad spec fails with TERSE_ERR_INVALID naming
+ * the token. */
 TERSE_API terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg);
 
 /* Check an aggregator spec (terse_ps_config.aggregator; NULL is "mean")
@@ -1055,6 +1084,10 @@ typedef struct terse_ps_stats {
      * out of their step's aggregate (sync) or not applied (async, ssp) */
     uint64_t refused_nonfinite;
     uint64_t deadline_closes;  /* sync deadline_ms: shard steps closed by it */
+    /* replicas 2 (appended in 0.3) */
+    uint64_t replicated;       /* head: shard steps its replica acknowledged */
+    uint64_t takeovers;        /* replica: shards of a lost head it took over */
+    uint64_t duplicates;       /* new head: resent pushes it had already applied */
 } terse_ps_stats;
 
 TERSE_API terse_status terse_ps_get_stats(const terse_ps *ps, terse_ps_stats *stats);

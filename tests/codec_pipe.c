@@ -56,6 +56,7 @@ static int abi(void)
     OFF(terse_ps_config, max_staleness); OFF(terse_ps_config, lr_scale);
     OFF(terse_ps_config, update); OFF(terse_ps_config, lr); OFF(terse_ps_config, momentum);
     OFF(terse_ps_config, aggregator); OFF(terse_ps_config, deadline_ms);
+    OFF(terse_ps_config, replicas);
     SZ(terse_ps_stats);
     OFF(terse_ps_stats, size); OFF(terse_ps_stats, pushes); OFF(terse_ps_stats, pulls);
     OFF(terse_ps_stats, stale_refused); OFF(terse_ps_stats, pushes_applied);
@@ -65,6 +66,7 @@ static int abi(void)
     OFF(terse_ps_stats, refused_corrupt); OFF(terse_ps_stats, staleness_max);
     OFF(terse_ps_stats, staleness_mean); OFF(terse_ps_stats, workers_lost);
     OFF(terse_ps_stats, refused_nonfinite); OFF(terse_ps_stats, deadline_closes);
+    OFF(terse_ps_stats, replicated); OFF(terse_ps_stats, takeovers); OFF(terse_ps_stats, duplicates);
     return fflush(stdout) == 0 ? 0 : 1;
 }
 

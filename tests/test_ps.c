@@ -808,7 +808,7 @@ Test(ps, compression_both_ways_keeps_the_sum_identity_shm) { compression("shm");
 
 static terse__ps_hdr hdr_for(terse_ps *ps, int op, uint64_t key, int s, uint64_t plen) {
     terse__ps_key *k = ps->keys[0];
-    terse__ps_hdr h = {op, key, ps->clock, plen, 0, k->srv_floats[s], k->decl_hash, 1.0f};
+    terse__ps_hdr h = {op, key, ps->clock, plen, 0, k->srv_floats[s], k->decl_hash, 1.0f, 0};
     return h;
 }
 
@@ -862,7 +862,7 @@ static int bad_body(terse_comm *c, tr_out *o, const void *arg) {
         o->u[43] = (uint64_t)terse_ps_push(ps, 0, x, NULL); /* a server may not push */
         if (rank == 1) { /* a rank that is not a worker talks to server 0 */
             static uint8_t pl[2 * BN * 4];
-            terse__ps_hdr h = {TERSE__PS_PUSH, 0, 0, 64, 0, 0, ps->keys[0]->decl_hash, 1.0f};
+            terse__ps_hdr h = {TERSE__PS_PUSH, 0, 0, 64, 0, 0, ps->keys[0]->decl_hash, 1.0f, 0};
             terse__ps_rep rep_;
             memset(&rep_, 0, sizeof rep_);
             TR_CALL(o, terse__ps_test_raw(ps, 0, &h, pl, 64, &rep_));
@@ -1019,7 +1019,7 @@ static int robust_body(terse_comm *c, tr_out *o, const void *arg) {
         for (size_t i = 0; i < RN; i++) buf[i] = robust_push(rank, 0, i);
         o->u[30] = (uint64_t)terse_ps_push_weighted(ps, 0, buf, 2.0, NULL);
         snprintf(o->err, sizeof o->err, "%s", terse_last_error());
-        terse__ps_hdr h = {TERSE__PS_PUSH, 0, 0, 64, 0, RN, ps->keys[0]->decl_hash, 2.0f};
+        terse__ps_hdr h = {TERSE__PS_PUSH, 0, 0, 64, 0, RN, ps->keys[0]->decl_hash, 2.0f, 0};
         static uint8_t pl[64];
         terse__ps_rep rep;
         memset(&rep, 0, sizeof rep);
@@ -1227,7 +1227,7 @@ static int short_body(terse_comm *c, tr_out *o, const void *arg) {
     for (int round = 0; round < 3; round++) {
         terse__ps_key *k = ps->keys[0];
         terse__ps_hdr h = {TERSE__PS_PUSH, 0, ps->clock, k->srv_push_bound[0], 0,
-                           k->srv_floats[0], k->decl_hash, 1.0f};
+                           k->srv_floats[0], k->decl_hash, 1.0f, 0};
         terse__ps_rep rep_;
         memset(&rep_, 0, sizeof rep_);
         TR_CALL(o, terse__ps_test_raw(ps, 0, &h, junk, sizeof junk, &rep_));
@@ -1339,5 +1339,229 @@ Test(ps, sync_stopped_worker_times_out_the_others_naming_it) {
     cr_assert_lt(o[1].val[0], 4000.0, "took %.0f ms, beyond the timeout", o[1].val[0]);
     cr_assert_eq(o[1].u[1], TERSE_OK, "finish after the timeout: %s", o[1].err);
     cr_assert_eq(o[0].u[5], TERSE_ERR_PEER_LOST, "serve: %s", o[0].err);
+    tr_release(o);
+}
+
+/* ---------------------------------------------------------------- replicas */
+
+/* 2 servers, 3 workers, sync SGD with momentum; key 0 dense across both
+ * servers, key 1 pushed through int8 with error feedback. Server rank 1
+ * (the head of slot 1) may be SIGKILLed once it closed kill_at shard steps. */
+#define FN 3000
+#define FN1 600
+#define FSTEPS 30
+
+typedef struct fail_job {
+    int replicas;
+    int kill_at; /* SIGKILL server rank 1 once it closed this many shard steps (0: never) */
+} fail_job;
+
+static float fgrad(int w, int t, size_t i) {
+    return sinf((float)(w * 131 + t * 17) * 0.37f + (float)i * 0.011f) * (float)(1 + w);
+}
+
+static void *die_at(void *arg) {
+    tr_out *o = arg;
+    const volatile uint64_t *closed = (const volatile uint64_t *)(uintptr_t)o->u[41];
+    while (*closed < o->u[40]) usleep(100); /* the server's own count, read racily: a moment */
+    o->val[0] = tr_now_ms(); /* the moment of death, for the recovery time */
+    raise(SIGKILL);
+    return NULL;
+}
+
+static int failover_body(terse_comm *c, tr_out *o, const void *arg);
+
+/* Failures go into o only (the trials sort them). */
+static int failover_body_soft(terse_comm *c, tr_out *o, const void *arg) {
+    failover_body(c, o, arg);
+    return 0;
+}
+
+static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
+    const fail_job *j = arg;
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    cfg.num_servers = 2;
+    cfg.update = TERSE_PS_UPDATE_SGD;
+    cfg.lr = 0.05f;
+    cfg.momentum = 0.9f;
+    cfg.chunk_bytes = 4096;
+    cfg.replicas = j->replicas;
+    terse_ps *ps = NULL;
+    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    TR_CALL(o, terse_ps_declare(ps, 0, FN, NULL, NULL, NULL));
+    TR_CALL(o, terse_ps_declare(ps, 1, FN1, "int8:ef=1", NULL, NULL));
+    int rank = terse_comm_rank(c);
+    if (terse_ps_is_server(ps)) {
+        if (rank == 1 && j->kill_at) {
+            pthread_t t;
+            o->u[40] = (uint64_t)j->kill_at;
+            o->u[41] = (uint64_t)(uintptr_t)&ps->stats.steps_closed;
+            pthread_create(&t, NULL, die_at, o);
+        }
+        terse_status s = terse_ps_serve(ps);
+        o->u[5] = (uint64_t)s;
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        if (s != TERSE_OK) fprintf(stderr, "server rank %d: %s\n", rank, o->err);
+        terse_ps_stats st = ps_stats_of(ps);
+        o->u[0] = st.replicated, o->u[1] = st.takeovers, o->u[2] = st.duplicates;
+        o->u[3] = st.steps_closed;
+        terse_ps_free(ps);
+        return 0;
+    }
+    static float x[FN], y[FN1];
+    for (int t = 0; t < FSTEPS; t++) {
+        for (size_t i = 0; i < FN; i++) x[i] = fgrad(rank, t, i);
+        for (size_t i = 0; i < FN1; i++) y[i] = fgrad(rank, t, i + FN);
+        TR_CALL(o, terse_ps_pushpull(ps, 0, x, NULL));
+        TR_CALL(o, terse_ps_push(ps, 1, y, NULL));
+        TR_CALL(o, terse_ps_pull(ps, 1, y, NULL));
+        o->val[10 + t] = tr_now_ms(); /* this step complete */
+        TR_CALL(o, terse_ps_clock(ps));
+        usleep(4000);
+    }
+    memcpy(o->f, x, sizeof x);
+    memcpy(o->f + FN, y, sizeof y);
+    o->hash[0] = tr_hash(o->f, (FN + FN1) * sizeof(float));
+    TR_CALL(o, terse_ps_finish(ps));
+    terse_ps_free(ps);
+    return 0;
+}
+
+/* The same training, replicated or not, gives the same bits; every step a
+ * head closes is acknowledged by its replica first. */
+Test(ps, replicas_keep_each_closed_step_on_both_servers_and_change_no_bits) {
+    fail_job one = {1, 0}, two = {2, 0};
+    tr_job job = {"shm", 5, 20000, 60, -1, NULL};
+    tr_out *a = tr_run(&job, failover_body, &one);
+    tr_out *b = tr_run(&job, failover_body, &two);
+    for (int w = 2; w < 5; w++) {
+        cr_assert_eq(b[w].status, 0, "worker %d: %s", w, b[w].err);
+        cr_assert_eq(a[w].hash[0], b[w].hash[0], "worker %d: replicas changed the result", w);
+        cr_assert_eq(b[w].hash[0], b[2].hash[0], "workers differ");
+    }
+    for (int s = 0; s < 2; s++) {
+        cr_assert_eq(a[s].u[0], 0, "replicated without replicas");
+        cr_assert_geq(b[s].u[3], FSTEPS, "server %d closed %llu steps", s,
+                      (unsigned long long)b[s].u[3]);
+        cr_assert_eq(b[s].u[0], b[s].u[3], "server %d: %llu steps closed, %llu acknowledged", s,
+                     (unsigned long long)b[s].u[3], (unsigned long long)b[s].u[0]);
+    }
+    tr_release(a);
+    tr_release(b);
+}
+
+static int cmp_d(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* SIGKILL the head of slot 1 at several moments of a run with replicas 2
+ * (after k of its shard steps, k spread over the run): every worker
+ * finishes, and with the same bits as the run nobody died in.
+ * TERSE_FAILOVER_TRIALS sets the moments (2 here; the campaign runs 10);
+ * prints the recovery time, kill to the next step a worker completed. */
+static void failover(const char *prov) {
+    fail_job ref = {2, 0};
+    tr_job job = {prov, 5, 20000, 90, -1, NULL};
+    tr_out *r = tr_run(&job, failover_body, &ref);
+    cr_assert_eq(r[2].status, 0, "%s", r[2].err);
+    uint64_t want = r[2].hash[0], steps = r[1].u[3]; /* server 1's shard steps in a whole run */
+    tr_release(r);
+    const char *env = getenv("TERSE_FAILOVER_TRIALS");
+    int trials = env ? atoi(env) : 2;
+    if (trials < 1 || trials > 100) trials = 2;
+    double rec[100];
+    int n = 0;
+    if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
+    int spins = 0;
+    for (int k = 0; k < trials; k++) {
+        /* from the first steps to the last ones */
+        fail_job j = {2, 1 + (int)((double)(steps - 3) * (k + 0.5) / trials)};
+        tr_job kj = {prov, 5, 20000, 90, 1,
+                     !strcmp(prov, "shm") ? "a survivor spinning on the dead server's shm lock"
+                                          : NULL};
+        tr_out *o = tr_run(&kj, failover_body_soft, &j);
+        int spun = 0; /* libfabric shm's lock of the dead process: not terse's to fix */
+        for (int q = 0; q < 5; q++)
+            spun |= q != 1 && (!o[q].finished || strstr(o[q].err, TR_SHM_LOCK_SPIN) != NULL);
+        if (!strcmp(prov, "shm") && spun) {
+            fprintf(stderr, "WARNING: KNOWN LIMITATION: kill after %d steps: a survivor spun on "
+                            "the dead server's shm region lock until the watchdog gave up\n",
+                    j.kill_at);
+            spins++;
+            tr_release(o);
+            continue;
+        }
+        double best = -1;
+        if (o[0].finished)
+            cr_assert_eq(o[0].u[5], TERSE_OK, "kill after %d steps, server 0: %s", j.kill_at,
+                         o[0].err);
+        for (int w = 2; w < 5; w++) {
+            if (!o[w].finished) continue; /* rxm's teardown crash, reported */
+            cr_assert_eq(o[w].status, 0, "kill after %d steps, worker %d: %s", j.kill_at, w,
+                         o[w].err);
+            cr_assert_eq(o[w].hash[0], want, "kill after %d steps: worker %d's parameters differ",
+                         j.kill_at, w);
+            for (int t = 0; t < FSTEPS; t++)
+                if (o[w].val[10 + t] > o[1].val[0]) {
+                    double d = o[w].val[10 + t] - o[1].val[0];
+                    if (best < 0 || d < best) best = d;
+                    break;
+                }
+        }
+        if (o[0].finished) {
+            cr_assert_eq(o[0].u[5], TERSE_OK, "server 0: %s", o[0].err);
+            if (best >= 0) cr_assert_eq(o[0].u[1], 1, "server 0 took over %llu slots",
+                                        (unsigned long long)o[0].u[1]);
+        }
+        if (best >= 0) rec[n++] = best;
+        tr_release(o);
+    }
+    tr_known_segv = NULL;
+    if (n) {
+        qsort(rec, (size_t)n, sizeof rec[0], cmp_d);
+        fprintf(stderr, "failover %s: %d kills, recovery (kill to the next step completed) "
+                        "min %.1f ms, median %.1f ms, max %.1f ms; %d kill%s lost to shm's "
+                        "lock\n",
+                prov, n, rec[0], rec[n / 2], rec[n - 1], spins, spins == 1 ? "" : "s");
+    }
+    cr_assert_gt(n, 0, "%s: no kill trial completed (%d lost to shm's lock)", prov, spins);
+}
+
+Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_tcp) { failover("tcp"); }
+Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_shm) { failover("shm"); }
+
+static int replica_refusals_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const char *specs[] = {"sync:replicas=3", "async:replicas=2", "sync:replicas=0"};
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    for (int i = 0; i < 3; i++) o->u[i] = (uint64_t)terse_ps_config_parse(specs[i], &cfg);
+    cfg = (terse_ps_config)TERSE_PS_CONFIG_INIT;
+    cfg.replicas = 3;
+    terse_ps *ps = NULL;
+    o->u[3] = (uint64_t)terse_ps_create(c, &cfg, &ps);
+    cfg.replicas = 2; /* one server */
+    o->u[4] = (uint64_t)terse_ps_create(c, &cfg, &ps);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    cfg.num_servers = 2;
+    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    o->u[5] = (uint64_t)terse_ps_declare(ps, 0, 100, NULL, "int8:ef=1", NULL);
+    TR_CALL(o, terse_ps_declare(ps, 0, 100, "int8", NULL, NULL));
+    terse_ps_free(ps);
+    return 0;
+}
+
+Test(ps, replicas_refuse_what_they_cannot_hold) {
+    tr_job job = {"shm", 3, 20000, 60, -1, NULL};
+    tr_out *o = tr_run(&job, replica_refusals_body, NULL);
+    for (int r = 0; r < 3; r++) {
+        cr_assert_eq(o[r].u[0], TERSE_ERR_INVALID, "replicas=3 parses");
+        cr_assert_eq(o[r].u[1], TERSE_ERR_INVALID, "async takes replicas");
+        cr_assert_eq(o[r].u[2], TERSE_ERR_INVALID, "replicas=0 parses");
+        cr_assert_eq(o[r].u[3], TERSE_ERR_UNSUPPORTED, "replicas 3 created");
+        cr_assert_eq(o[r].u[4], TERSE_ERR_INVALID, "replicas 2 on one server created");
+        cr_assert(strstr(o[r].err, "2 or more servers"), "%s", o[r].err);
+        cr_assert_eq(o[r].u[5], TERSE_ERR_UNSUPPORTED, "a stateful pull codec with replicas");
+    }
     tr_release(o);
 }

@@ -122,6 +122,21 @@ terse_status terse__fabric_progress(terse__fabric *f, size_t *events);
  * it to come back; 1 when nothing of r is posted any more (its buffer is
  * free), 0 otherwise (then only terse__fabric_quiesce makes it safe). */
 int terse__fabric_cancel(terse__fabric *f, terse__fabric_req *r);
+/* Tolerant mode, after terse__fabric_cancel gave 0 for a request to a
+ * peer known dead (shm may never return a transfer to a dead process):
+ * give r up. What is still posted of it now stands for a placeholder the
+ * fabric owns, so r may be reused at once; its buffer must stay allocated
+ * (the provider may still hold it) but receives nothing (a dead peer
+ * sends nothing). 0 if the fabric is not tolerant. */
+int terse__fabric_give_up(terse__fabric *f, terse__fabric_req *r);
+/* shm (libfabric 1.17) completes a send larger than its inject size only
+ * when the receiver answers, and answers in order: one send to a process
+ * that died unanswered stalls every later large send's completion for
+ * good. Keep every chunk within the inject size, so no send waits for an
+ * answer (the parameter server with replicas, which must outlive a
+ * server). Call on every rank alike, with nothing in flight: both sides
+ * chunk a message alike from its length. No-op on other providers. */
+void terse__fabric_small_chunks_on_shm(terse__fabric *f);
 /* 1 once r completed or failed (r->error). */
 int terse__fabric_req_done(const terse__fabric_req *r);
 /* Tolerant mode: 1 once r completed, or failed and nothing of it is posted

@@ -140,6 +140,9 @@ struct terse__fabric {
     uint64_t bytes_sent, bytes_recv;
     terse_status failed; /* sticky: after an error only close is allowed */
     int tolerant;        /* a request's error fails only that request (ps server) */
+    /* requests given up on (terse__fabric_give_up): heap copies their ops
+     * now point at, freed at close */
+    struct terse__fabric_orphan *orphans;
 
     /* TERSE_WIRE=mac (fabric_mac.c): per-peer AES-256-GCM contexts keyed
      * for each direction, dropped chunks per peer, the epoch, the slot

@@ -144,6 +144,11 @@ static void op_put(terse__fabric *f, terse__fabric_op *op) {
     f->op_free = op;
 }
 
+typedef struct terse__fabric_orphan {
+    terse__fabric_req req;
+    struct terse__fabric_orphan *next;
+} terse__fabric_orphan;
+
 void terse__fabric_release_ops(terse__fabric *f) {
     f->repost = NULL; /* their ops go now */
     f->local_done = NULL;
@@ -159,6 +164,11 @@ void terse__fabric_release_ops(terse__fabric *f) {
         f->stage_free[i] = (uint8_t *)f->stage_mem + i * f->chunk_bytes;
     if (f->stage_mem) f->nstage_free = f->nstage;
     while (f->active_head) op_put(f, f->active_head);
+    while (f->orphans) {
+        terse__fabric_orphan *o = f->orphans;
+        f->orphans = o->next;
+        free(o);
+    }
     while (f->op_free) {
         terse__fabric_op *op = f->op_free;
         f->op_free = op->next;
@@ -442,6 +452,12 @@ static int try_inject(terse__fabric *f, terse__fabric_req *r, terse_status *st) 
     r->posted = r->done = 1;
     f->bytes_sent += r->len;
     return 1;
+}
+
+static terse__fabric_op *op_of(const terse__fabric *f, const terse__fabric_req *r) {
+    for (terse__fabric_op *op = f->active_head; op; op = op->next)
+        if (op->req == r) return op;
+    return NULL;
 }
 
 static terse_status start(terse__fabric *f, int is_send, int peer, uint64_t tag, void *buf,
@@ -1004,11 +1020,6 @@ static void unrepost(terse__fabric *f, terse__fabric_op *op) {
     }
 }
 
-static terse__fabric_op *op_of(const terse__fabric *f, const terse__fabric_req *r) {
-    for (terse__fabric_op *op = f->active_head; op; op = op->next)
-        if (op->req == r) return op;
-    return NULL;
-}
 
 int terse__fabric_req_idle(const terse__fabric *f, const terse__fabric_req *r) {
     if (!r->error) return r->done >= r->chunks;
@@ -1042,6 +1053,31 @@ int terse__fabric_cancel(terse__fabric *f, terse__fabric_req *r) {
         if (progress(f, &ev) != TERSE_OK) return 0;
         if (!ev) sched_yield();
     }
+}
+
+void terse__fabric_small_chunks_on_shm(terse__fabric *f) {
+    if (!f || strcmp(f->provider, "shm") != 0) return;
+    size_t cap = 4096 - ((f->mac || f->encrypt) ? TERSE__WIRE_MAC : 0); /* SMR_INJECT_SIZE */
+    if (f->chunk_bytes > cap) f->chunk_bytes = cap;
+}
+
+int terse__fabric_give_up(terse__fabric *f, terse__fabric_req *r) {
+    if (!f || !r) return 1;
+    if (!f->tolerant) return 0;
+    terse__fabric_op *op = op_of(f, r);
+    if (!op) return 1;
+    terse__fabric_orphan *o = malloc(sizeof *o);
+    if (!o) return 0;
+    o->req = *r; /* what completes of it later counts here */
+    if (!o->req.error) o->req.error = TERSE_ERR_ABORTED; /* post nothing more of it */
+    o->next = f->orphans;
+    f->orphans = o;
+    for (; op; op = op_of(f, r)) {
+        unrepost(f, op);
+        op->req = &o->req;
+    }
+    if (!r->error) r->error = TERSE_ERR_ABORTED;
+    return 1;
 }
 
 int terse__fabric_req_done(const terse__fabric_req *r) {

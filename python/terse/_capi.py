@@ -146,6 +146,7 @@ class PsConfig(ctypes.Structure):
         ("momentum", ctypes.c_float),
         ("aggregator", ctypes.c_char_p),
         ("deadline_ms", ctypes.c_int),
+        ("replicas", ctypes.c_int),
     ]
 
 
@@ -156,7 +157,9 @@ class PsStats(ctypes.Structure):
             "late_dropped", "refused_stale", "refused_key", "refused_step",
             "refused_role", "refused_corrupt", "staleness_max")
     ] + [("staleness_mean", ctypes.c_double), ("workers_lost", ctypes.c_uint64),
-         ("refused_nonfinite", ctypes.c_uint64), ("deadline_closes", ctypes.c_uint64)]
+         ("refused_nonfinite", ctypes.c_uint64), ("deadline_closes", ctypes.c_uint64),
+         ("replicated", ctypes.c_uint64), ("takeovers", ctypes.c_uint64),
+         ("duplicates", ctypes.c_uint64)]
 
 
 P = ctypes.POINTER

@@ -1,0 +1,324 @@
+/* Chain replication of the parameter server's shards (replicas = 2;
+ * van Renesse and Schneider's chain replication, replicating after
+ * aggregation as Li et al.'s parameter server does).
+ *
+ * Slots. Placement gives every chunk a server index s (its slot). With
+ * replicas 2 rank s is the slot's head and rank (s + 1) mod S its replica:
+ * each server runs two instances of the server loop's state, its own
+ * (slot = rank) and a mirror (slot = rank - 1 mod S) whose shards start
+ * from the same declaration and init. Messages carry the slot in their tag
+ * (algos/ps.h), so a worker's conversations about two slots with one rank
+ * never meet.
+ *
+ * Steady state. When the head closes a step of a key it sends the shard's
+ * new state (parameters, momentum, aggregator center) to the replica, and
+ * serves the step's pulls only once the replica acknowledged it: a step a
+ * worker has seen is on both servers.
+ *   head -> replica  REPL(rseq)      64-byte header: key, version, rseq,
+ *                                    payload length, floats, crc32c
+ *                    REPLDATA(rseq)  the state, value | mom | center
+ *   replica -> head  ACK(rseq)       rseq and version, 16 bytes
+ * The replica takes a state only if it is the key's next version.
+ *
+ * Failure. The store announces the head's loss; the replica's mirror
+ * instance is promoted (ps_server.c) and serves the slot with the state of
+ * the last acknowledged step. Workers move the slot to the replica (epoch
+ * 1) and resend the pushes no pull has covered; the new head applies each
+ * at most once (a resend of a closed step is answered as applied,
+ * counted in `duplicates`). Pushes are aggregated in worker-rank order, so
+ * the step comes out bit for bit as the dead head would have made it.
+ * Pull codecs must be stateless (dense) here: a pull codec's server-side
+ * error feedback lives on the head alone. If the replica dies instead, the
+ * head goes on alone. A third server's death, or both of a slot's, fails
+ * the workers naming the slot. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algos/comm.h"
+#include "algos/ps.h"
+#include "common/bytes.h"
+#include "common/crc32c.h"
+#include "common/error.h"
+
+#define REPL_MAGIC 0x43535054u /* "TPSC" */
+
+size_t terse__ps_state_bytes(const terse_ps *ps, const terse__ps_shard *sh) {
+    (void)ps;
+    size_t parts = 1 + (sh->mom != NULL) + (sh->center != NULL);
+    return parts * sh->nfloats * sizeof(float);
+}
+
+/* ---------------------------------------------------------------- create */
+
+terse_status terse__ps_mirror_create(terse_ps *ps) {
+    terse_ps *m = calloc(1, sizeof *m);
+    if (!m) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
+    ps->mirror = m;
+    m->comm = ps->comm;
+    m->cfg = ps->cfg;
+    memcpy(m->aggregator_name, ps->aggregator_name, sizeof m->aggregator_name);
+    m->cfg.aggregator = m->aggregator_name;
+    m->agg = ps->agg;
+    m->agg_params = ps->agg_params;
+    m->rule = ps->rule;
+    m->rank = ps->rank;
+    m->nranks = ps->nranks;
+    m->nservers = ps->nservers;
+    m->nworkers = ps->nworkers;
+    m->is_server = 1;
+    m->chunk_floats = ps->chunk_floats;
+    m->slot = (ps->rank + ps->nservers - 1) % ps->nservers;
+    m->backup = -1; /* a promoted replica goes on alone */
+    m->stats.size = sizeof m->stats;
+    size_t N = (size_t)ps->nranks;
+    m->peers = calloc(N, sizeof *m->peers);
+    m->inputs = calloc(N, sizeof *m->inputs);
+    m->wts = calloc(N, sizeof *m->wts);
+    if (!m->peers || !m->inputs || !m->wts)
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
+    ps->backup = (ps->rank + 1) % ps->nservers;
+    return TERSE_OK;
+}
+
+terse_status terse__ps_mirror_declare(terse_ps *ps, terse__ps_key *k, const float *init) {
+    terse_ps *m = ps->mirror;
+    if (m->nkeys == m->keys_cap) {
+        size_t cap = m->keys_cap ? 2 * m->keys_cap : 16;
+        terse__ps_key **v = realloc(m->keys, cap * sizeof *v);
+        if (!v) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+        m->keys = v;
+        m->keys_cap = cap;
+    }
+    terse__ps_key *c = malloc(sizeof *c);
+    if (!c) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+    *c = *k; /* placement and specs are the head's; it owns them */
+    c->shard = NULL;
+    c->is_copy = 1;
+    c->push_enc = c->pull_dec = NULL;
+    c->unacked = NULL;
+    terse_status s = terse__ps_shard_init(m, c, init);
+    if (s != TERSE_OK) {
+        if (c->shard) terse__ps_shard_free(m, c->shard);
+        free(c);
+        return s;
+    }
+    m->keys[m->nkeys++] = c;
+    if (c->shard && terse__ps_state_bytes(m, c->shard) > m->rstate_cap) {
+        size_t want = terse__ps_state_bytes(m, c->shard);
+        uint8_t *b = realloc(m->rbuf_state, want);
+        if (!b) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+        m->rbuf_state = b;
+        m->rstate_cap = want;
+    }
+    return TERSE_OK;
+}
+
+void terse__ps_mirror_free(terse_ps *ps) {
+    terse_ps *m = ps->mirror;
+    if (!m) return;
+    for (size_t i = 0; i < m->nkeys; i++) {
+        if (m->keys[i]->shard) terse__ps_shard_free(m, m->keys[i]->shard);
+        free(m->keys[i]);
+    }
+    free(m->keys), free(m->peers), free(m->inputs), free(m->wts), free(m->scratch);
+    free(m->rbuf_state);
+    if (m->quorum_log) fclose(m->quorum_log);
+    free(m);
+    ps->mirror = NULL;
+}
+
+/* ---------------------------------------------------------------- head */
+
+static void pack(const terse__ps_shard *sh, uint8_t *out) {
+    size_t n = sh->nfloats * sizeof(float);
+    memcpy(out, sh->value, n);
+    if (sh->mom) memcpy(out += n, sh->mom, n);
+    if (sh->center) memcpy(out + n, sh->center, n);
+}
+
+static void unpack(terse__ps_shard *sh, const uint8_t *in) {
+    size_t n = sh->nfloats * sizeof(float);
+    memcpy(sh->value, in, n);
+    if (sh->mom) memcpy(sh->mom, in += n, n);
+    if (sh->center) memcpy(sh->center, in + n, n);
+}
+
+terse_status terse__ps_replicate(terse_ps *ps, size_t key) {
+    if (ps->backup < 0) return TERSE_OK;
+    terse__ps_shard *sh = ps->keys[key]->shard;
+    size_t len = terse__ps_state_bytes(ps, sh);
+    if (sh->repl_cap < len) {
+        uint8_t *b = realloc(sh->repl_buf, len);
+        if (!b) return TERSE_ERROR(TERSE_ERR_NOMEM, "parameter server rank %d: no memory", ps->rank);
+        sh->repl_buf = b;
+        sh->repl_cap = len;
+    }
+    pack(sh, sh->repl_buf);
+    uint64_t rseq = ps->rseq++;
+    uint8_t *h = sh->repl_hdr;
+    memset(h, 0, TERSE__PS_HDR_BYTES);
+    terse__put_u32(h, REPL_MAGIC);
+    terse__put_u64(h + 8, key);
+    terse__put_u64(h + 16, sh->version);
+    terse__put_u64(h + 24, rseq);
+    terse__put_u64(h + 32, len);
+    terse__put_u64(h + 40, sh->nfloats);
+    terse__put_u32(h + 60, terse__crc32c_update(0, h, 60));
+    memset(&sh->repl_hreq, 0, sizeof sh->repl_hreq);
+    memset(&sh->repl_dreq, 0, sizeof sh->repl_dreq);
+    memset(&sh->ack_req, 0, sizeof sh->ack_req);
+    sh->repl_rseq = rseq;
+    sh->repl_pending = 1;
+    terse_comm *c = ps->comm;
+    int b = ps->backup;
+    TERSE_CHECK(terse__comm_irecv(c, b, terse__ps_tag(ps->slot, TERSE__PS_TAG_ACK, rseq), sh->ack,
+                                  sizeof sh->ack, TERSE__BYTES_FRAMING, &sh->ack_req));
+    TERSE_CHECK(terse__comm_isend(c, b, terse__ps_tag(ps->slot, TERSE__PS_TAG_REPL, rseq), h,
+                                  TERSE__PS_HDR_BYTES, TERSE__BYTES_FRAMING, &sh->repl_hreq));
+    return terse__comm_isend(c, b, terse__ps_tag(ps->slot, TERSE__PS_TAG_REPLDATA, rseq),
+                             sh->repl_buf, len, TERSE__BYTES_PAYLOAD, &sh->repl_dreq);
+}
+
+/* The replica is dead: what is posted to it may never come back on shm,
+ * so what will not cancel is given up (its buffers stay with the shard). */
+static int cancel_repl(terse_ps *ps, terse__ps_shard *sh) {
+    terse__fabric *f = ps->comm->fabric;
+    terse__fabric_req *r[3] = {&sh->ack_req, &sh->repl_hreq, &sh->repl_dreq};
+    int ok = 1;
+    for (int i = 0; i < 3; i++) ok &= terse__fabric_cancel(f, r[i]) || terse__fabric_give_up(f, r[i]);
+    return ok;
+}
+
+terse_status terse__ps_backup_lost(terse_ps *ps, const char *how) {
+    if (ps->backup < 0) return TERSE_OK;
+    fprintf(stderr,
+            "terse: parameter server rank %d: its replica, server rank %d, was lost (%s); it "
+            "serves its shard alone from now on\n",
+            ps->rank, ps->backup, how);
+    ps->backup = -1;
+    for (size_t k = 0; k < ps->nkeys; k++) {
+        terse__ps_shard *sh = ps->keys[k]->shard;
+        if (!sh || !sh->repl_pending) continue;
+        if (!cancel_repl(ps, sh))
+            return TERSE_ERROR(TERSE_ERR_TRANSPORT,
+                               "parameter server rank %d: a transfer to its lost replica would "
+                               "not cancel",
+                               ps->rank);
+        sh->repl_pending = 0;
+        TERSE_CHECK(terse__ps_wake(ps, k));
+    }
+    return TERSE_OK;
+}
+
+static terse_status head_progress(terse_ps *ps) {
+    const terse__fabric *f = ps->comm->fabric;
+    for (size_t k = 0; k < ps->nkeys && ps->backup >= 0; k++) {
+        terse__ps_shard *sh = ps->keys[k]->shard;
+        if (!sh || !sh->repl_pending) continue;
+        if (!terse__fabric_req_idle(f, &sh->ack_req) || !terse__fabric_req_idle(f, &sh->repl_hreq) ||
+            !terse__fabric_req_idle(f, &sh->repl_dreq))
+            continue;
+        if (sh->ack_req.error || sh->repl_hreq.error || sh->repl_dreq.error)
+            return terse__ps_backup_lost(ps, "a replication transfer failed");
+        if (terse__get_u64(sh->ack) != sh->repl_rseq || terse__get_u64(sh->ack + 8) != sh->version)
+            return terse__ps_backup_lost(ps, "it acknowledged a step it was not sent");
+        sh->repl_pending = 0;
+        ps->stats.replicated++;
+        TERSE_CHECK(terse__ps_wake(ps, k));
+    }
+    return TERSE_OK;
+}
+
+/* ---------------------------------------------------------------- replica */
+
+static terse_status post_repl_header(terse_ps *m) {
+    memset(&m->rhreq, 0, sizeof m->rhreq);
+    m->rstate = 0;
+    return terse__comm_irecv(m->comm, m->slot,
+                             terse__ps_tag(m->slot, TERSE__PS_TAG_REPL, m->rseq_next), m->rhdr,
+                             TERSE__PS_HDR_BYTES, TERSE__BYTES_FRAMING, &m->rhreq);
+}
+
+/* A replication header from the head: checked against what this replica
+ * holds before its payload is received. */
+static terse_status take_header(terse_ps *m, size_t *len) {
+    const uint8_t *h = m->rhdr;
+    if (terse__get_u32(h) != REPL_MAGIC || terse__get_u32(h + 60) != terse__crc32c_update(0, h, 60))
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "a replication header that fails its checks");
+    uint64_t key = terse__get_u64(h + 8), version = terse__get_u64(h + 16);
+    if (terse__get_u64(h + 24) != m->rseq_next || key >= m->nkeys || !m->keys[key]->shard)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "replication message %llu for key %llu, not held "
+                           "here or out of order", (unsigned long long)terse__get_u64(h + 24),
+                           (unsigned long long)key);
+    terse__ps_shard *sh = m->keys[key]->shard;
+    *len = terse__ps_state_bytes(m, sh);
+    if (terse__get_u64(h + 32) != *len || terse__get_u64(h + 40) != sh->nfloats ||
+        version != sh->version + 1)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT,
+                           "replication of key %llu: version %llu after %llu, or a wrong size",
+                           (unsigned long long)key, (unsigned long long)version,
+                           (unsigned long long)sh->version);
+    m->rkey = (size_t)key;
+    m->rversion = version;
+    return TERSE_OK;
+}
+
+static terse_status replica_progress(terse_ps *m) {
+    const terse__fabric *f = m->comm->fabric;
+    if (m->rstate == 0) {
+        if (!terse__fabric_req_idle(f, &m->rhreq) || m->rhreq.error) return TERSE_OK;
+        size_t len = 0;
+        terse_status s = take_header(m, &len);
+        if (s != TERSE_OK) {
+            /* The head's acknowledgement never comes: it stops replicating
+             * (its own timeout), and this replica stays at its last step. */
+            fprintf(stderr, "terse: parameter server rank %d, replica of slot %d: %s; ignored\n",
+                    m->rank, m->slot, terse_last_error());
+            m->rseq_next++;
+            return post_repl_header(m);
+        }
+        memset(&m->rdreq, 0, sizeof m->rdreq);
+        m->rstate = 1;
+        return terse__comm_irecv(m->comm, m->slot,
+                                 terse__ps_tag(m->slot, TERSE__PS_TAG_REPLDATA, m->rseq_next),
+                                 m->rbuf_state, len, TERSE__BYTES_PAYLOAD, &m->rdreq);
+    }
+    if (!terse__fabric_req_idle(f, &m->rdreq) || m->rdreq.error) return TERSE_OK;
+    terse__ps_shard *sh = m->keys[m->rkey]->shard;
+    if (!terse__fabric_req_idle(f, &sh->ack_req)) return TERSE_OK; /* its last ack still going */
+    unpack(sh, m->rbuf_state);
+    sh->version = m->rversion;
+    sh->opened_ns = terse__now_ns();
+    terse__put_u64(sh->ack, m->rseq_next);
+    terse__put_u64(sh->ack + 8, sh->version);
+    memset(&sh->ack_req, 0, sizeof sh->ack_req);
+    TERSE_CHECK(terse__comm_isend(m->comm, m->slot,
+                                  terse__ps_tag(m->slot, TERSE__PS_TAG_ACK, m->rseq_next), sh->ack,
+                                  sizeof sh->ack, TERSE__BYTES_FRAMING, &sh->ack_req));
+    m->rseq_next++;
+    return post_repl_header(m);
+}
+
+terse_status terse__ps_repl_progress(terse_ps *ps) {
+    TERSE_CHECK(head_progress(ps));
+    terse_ps *m = ps->mirror;
+    if (!m || m->promoted) return TERSE_OK;
+    if (!m->served) { /* first call: start listening to the head */
+        m->served = 1;
+        return post_repl_header(m);
+    }
+    return replica_progress(m);
+}
+
+void terse__ps_repl_cancel(terse_ps *ps) {
+    terse__fabric *f = ps->comm->fabric;
+    for (size_t k = 0; k < ps->nkeys; k++)
+        if (ps->keys[k]->shard) (void)cancel_repl(ps, ps->keys[k]->shard);
+    terse_ps *m = ps->mirror;
+    if (!m) return;
+    if (!terse__fabric_cancel(f, &m->rhreq)) (void)terse__fabric_give_up(f, &m->rhreq);
+    if (!terse__fabric_cancel(f, &m->rdreq)) (void)terse__fabric_give_up(f, &m->rdreq);
+    for (size_t k = 0; k < m->nkeys; k++)
+        if (m->keys[k]->shard) (void)terse__fabric_cancel(f, &m->keys[k]->shard->ack_req);
+}
