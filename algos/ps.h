@@ -117,7 +117,7 @@ typedef struct terse__ps_shard {
      * replica; pulls wait until it acknowledged (repl_pending). Replica:
      * ack is what it sent back. */
     int repl_pending;
-    uint64_t repl_rseq;
+    uint64_t repl_rseq, repl_ns; /* its message number; when it was sent */
     uint8_t repl_hdr[TERSE__PS_HDR_BYTES];
     uint8_t *repl_buf;
     size_t repl_cap;

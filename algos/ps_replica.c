@@ -169,6 +169,7 @@ terse_status terse__ps_replicate(terse_ps *ps, size_t key) {
     memset(&sh->repl_dreq, 0, sizeof sh->repl_dreq);
     memset(&sh->ack_req, 0, sizeof sh->ack_req);
     sh->repl_rseq = rseq;
+    sh->repl_ns = terse__now_ns();
     sh->repl_pending = 1;
     terse_comm *c = ps->comm;
     int b = ps->backup;
@@ -213,9 +214,18 @@ terse_status terse__ps_backup_lost(terse_ps *ps, const char *how) {
 
 static terse_status head_progress(terse_ps *ps) {
     const terse__fabric *f = ps->comm->fabric;
+    /* A replica that stopped (not dead: the store says nothing) must not
+     * hold the slot's steps: half the timeout, then the head goes alone. */
+    const uint64_t limit = (uint64_t)ps->comm->timeout_ms * 500000ull, now = terse__now_ns();
     for (size_t k = 0; k < ps->nkeys && ps->backup >= 0; k++) {
         terse__ps_shard *sh = ps->keys[k]->shard;
         if (!sh || !sh->repl_pending) continue;
+        if (now > sh->repl_ns && now - sh->repl_ns >= limit) {
+            char how[96];
+            snprintf(how, sizeof how, "it acknowledged nothing for %llu ms",
+                     (unsigned long long)((now - sh->repl_ns) / 1000000u));
+            return terse__ps_backup_lost(ps, how);
+        }
         if (!terse__fabric_req_idle(f, &sh->ack_req) || !terse__fabric_req_idle(f, &sh->repl_hreq) ||
             !terse__fabric_req_idle(f, &sh->repl_dreq))
             continue;

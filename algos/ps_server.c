@@ -980,6 +980,9 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
             if (s == TERSE_OK) s = close_overdue(ps, now);
             if (s == TERSE_OK) s = expire_parked(ps, now);
             if (s == TERSE_OK) s = expire_stuck(ps, now);
+            /* a request to either instance is a worker heard */
+            if (m && m->heard_ns > ps->heard_ns) ps->heard_ns = m->heard_ns;
+            if (m && ps->heard_ns > m->heard_ns) m->heard_ns = ps->heard_ns;
             if (s == TERSE_OK) s = check_silence(ps, now);
             if (s == TERSE_OK && m) s = m->promoted ? poll_losses(m) : expire_held(m, now);
             if (s == TERSE_OK && m && m->promoted) s = close_overdue(m, now);

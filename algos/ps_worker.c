@@ -32,10 +32,10 @@ static terse_status servers_alive(void *arg) {
     for (int s = 0; s < ps->nservers; s++)
         if (w->need[s] && lost[s])
             return TERSE_ERROR(TERSE_ERR_PEER_LOST,
-                               "rank %d: parameter server rank %d was lost (its connection to "
-                               "the bootstrap store dropped without a goodbye) while this worker "
-                               "waited for it",
-                               ps->rank, s);
+                               "rank %d: parameter server rank %d, the only server of slot %d "
+                               "(replicas 1), was lost (its connection to the bootstrap store "
+                               "dropped without a goodbye) while this worker waited for it",
+                               ps->rank, s, s);
     return TERSE_OK;
 }
 
