@@ -286,9 +286,10 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     ps->wts = calloc(N, sizeof *ps->wts);
     ps->target = calloc(S, sizeof *ps->target);
     ps->epoch = calloc(S, sizeof *ps->epoch);
+    ps->mseq = calloc(S, sizeof *ps->mseq);
     ps->backup = -1;
     for (size_t i = 0; ps->target && i < S; i++) ps->target[i] = (int)i;
-    if (!ps->target || !ps->epoch || !ps->placed || !ps->seq || !ps->sbuf || !ps->sbuf_cap || !ps->rbuf || !ps->rbuf_cap ||
+    if (!ps->target || !ps->epoch || !ps->mseq || !ps->placed || !ps->seq || !ps->sbuf || !ps->sbuf_cap || !ps->rbuf || !ps->rbuf_cap ||
         !ps->whdr || !ps->wrep || !ps->reps || (ps->is_server && !ps->peers) || !ps->inputs ||
         !ps->wts) {
         s = TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
@@ -502,7 +503,7 @@ void terse_ps_free(terse_ps *ps) {
     terse__ps_mirror_free(ps);
     for (size_t i = 0; i < ps->nkeys; i++) key_free(ps, ps->keys[i]);
     terse__ps_worker_free(ps);
-    free(ps->target), free(ps->epoch);
+    free(ps->target), free(ps->epoch), free(ps->mseq);
     free(ps->keys);
     free(ps->placed), free(ps->seq);
     free(ps->sbuf_cap), free(ps->rbuf_cap), free(ps->sbuf), free(ps->rbuf);

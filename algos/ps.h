@@ -302,9 +302,11 @@ struct terse_ps {
     uint8_t *rbuf_state;
     size_t rstate_cap;
     terse__fabric_req rhreq, rdreq;
-    /* worker, replicas 2: per slot, the rank serving it and the epoch */
+    /* worker, replicas 2: per slot, the rank serving it, the epoch, and the
+     * next message number of the conversation with the slot's replica */
     int *target;
     uint32_t *epoch;
+    uint64_t *mseq;
 };
 
 /* ps_replica.c */
@@ -341,5 +343,8 @@ void terse__ps_worker_free(terse_ps *ps);
  * play a worker that lies, or a rank that is not a worker. */
 terse_status terse__ps_test_raw(terse_ps *ps, int server, terse__ps_hdr *h, const void *payload,
                                 size_t len, terse__ps_rep *rep);
+/* The same to the replica of slot's head (replicas 2, before a failover). */
+terse_status terse__ps_test_raw_replica(terse_ps *ps, int slot, terse__ps_hdr *h,
+                                        const void *payload, size_t len, terse__ps_rep *rep);
 
 #endif

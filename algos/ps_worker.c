@@ -268,7 +268,7 @@ static terse_status fail_over(terse_ps *ps, int s, size_t cur, int cur_pushes) {
             ps->rank, s, s, b);
     ps->target[s] = b;
     ps->epoch[s] = 1;
-    ps->seq[s] = 0;
+    ps->seq[s] = ps->mseq[s]; /* the conversation with the replica about slot s */
     for (size_t key = 0; key < ps->nkeys; key++) {
         terse__ps_key *k = ps->keys[key];
         terse__ps_unacked *u = k->unacked ? &k->unacked[s] : NULL;
@@ -302,10 +302,13 @@ static terse_status finish_replicated(terse_ps *ps) {
             terse__ps_hdr h = {TERSE__PS_FINISH, 0, 0, 0, 0, 0, 0, 1.0f, 0};
             uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
             uint64_t seq = ps->seq[s];
-            if (pass == 1) ps->seq[s] = 0;
+            if (pass == 1) ps->seq[s] = ps->mseq[s];
             terse_status st = one_request(ps, s, &h, NULL, failed, 1);
             ps->target[s] = was;
-            if (pass == 1) ps->seq[s] = seq;
+            if (pass == 1) {
+                ps->mseq[s] = ps->seq[s];
+                ps->seq[s] = seq;
+            }
             if (failed[s]) continue; /* lost: nothing to tell it */
             if (st != TERSE_OK) return st;
         }
@@ -565,6 +568,33 @@ void terse__ps_worker_free(terse_ps *ps) {
         if (ps->sbuf) free(ps->sbuf[s]);
         if (ps->rbuf) free(ps->rbuf[s]);
     }
+}
+
+terse_status terse__ps_test_raw_replica(terse_ps *ps, int slot, terse__ps_hdr *h,
+                                        const void *payload, size_t len, terse__ps_rep *rep) {
+    if (ps->cfg.replicas != 2 || slot < 0 || slot >= ps->nservers || ps->target[slot] != slot)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "test_raw_replica: no replica conversation for "
+                                              "slot %d", slot);
+    uint8_t hb[TERSE__PS_HDR_BYTES], rb[TERSE__PS_REP_BYTES];
+    terse__fabric_req q[3];
+    int qs[3] = {slot, slot, slot};
+    size_t nq = 0;
+    int b = backup_of(ps, slot);
+    h->seq = ps->mseq[slot];
+    terse__ps_put_hdr(hb, h);
+    terse_comm *c = ps->comm;
+    TERSE_CHECK(terse__comm_irecv(c, b, terse__ps_tag(slot, TERSE__PS_TAG_REP, h->seq), rb,
+                                  sizeof rb, TERSE__BYTES_FRAMING, &q[nq++]));
+    TERSE_CHECK(terse__comm_isend(c, b, terse__ps_tag(slot, TERSE__PS_TAG_HDR, h->seq), hb,
+                                  sizeof hb, TERSE__BYTES_FRAMING, &q[nq++]));
+    if (len)
+        TERSE_CHECK(terse__comm_isend(c, b, terse__ps_tag(slot, TERSE__PS_TAG_DATA, h->seq),
+                                      payload, len, TERSE__BYTES_PAYLOAD, &q[nq++]));
+    uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
+    TERSE_CHECK(wait_slots(ps, q, nq, qs, failed, 1));
+    if (failed[slot]) return TERSE_ERROR(TERSE_ERR_PEER_LOST, "test_raw_replica: rank %d lost", b);
+    ps->mseq[slot]++;
+    return terse__ps_get_rep(rb, rep);
 }
 
 terse_status terse__ps_test_raw(terse_ps *ps, int server, terse__ps_hdr *h, const void *payload,

@@ -1547,25 +1547,55 @@ static int replica_refusals_body(terse_comm *c, tr_out *o, const void *arg) {
     o->u[3] = (uint64_t)terse_ps_create(c, &cfg, &ps);
     cfg.replicas = 2; /* one server */
     o->u[4] = (uint64_t)terse_ps_create(c, &cfg, &ps);
-    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    o->u[9] = strstr(terse_last_error(), "2 or more servers") != NULL;
     cfg.num_servers = 2;
     TR_CALL(o, terse_ps_create(c, &cfg, &ps));
     o->u[5] = (uint64_t)terse_ps_declare(ps, 0, 100, NULL, "int8:ef=1", NULL);
-    TR_CALL(o, terse_ps_declare(ps, 0, 100, "int8", NULL, NULL));
-    terse_ps_free(ps);
+    TR_CALL(o, terse_ps_declare(ps, 0, 100, NULL, NULL, NULL));
+    if (terse_ps_is_server(ps)) {
+        o->u[6] = (uint64_t)terse_ps_serve(ps);
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        terse_ps_free(ps);
+        return 0;
+    }
+    /* A worker that lies about failover: epoch 1 to a live head, and a
+     * pull asked of slot 0's replica while its head lives. */
+    int s = terse_ps_chunk_server(ps, 0, 0);
+    terse__ps_hdr h = {TERSE__PS_PULL, 0, 1, 0, 0, ps->keys[0]->srv_floats[s],
+                       ps->keys[0]->decl_hash, 1.0f, 1};
+    terse__ps_rep rep;
+    memset(&rep, 0, sizeof rep);
+    TR_CALL(o, terse__ps_test_raw(ps, s, &h, NULL, 0, &rep));
+    o->u[7] = (uint64_t)rep.status;
+    snprintf(o->err, sizeof o->err, "%s", rep.text);
+    h.epoch = 1;
+    double t0 = tr_now_ms();
+    TR_CALL(o, terse__ps_test_raw_replica(ps, s, &h, NULL, 0, &rep));
+    o->val[0] = tr_now_ms() - t0;
+    o->u[8] = (uint64_t)rep.status;
+    snprintf(o->err + strlen(o->err), sizeof o->err - strlen(o->err), " | %s", rep.text);
+    terse_ps_free(ps); /* finishes with both servers and the replicas */
     return 0;
 }
 
 Test(ps, replicas_refuse_what_they_cannot_hold) {
-    tr_job job = {"shm", 3, 20000, 60, -1, NULL};
+    tr_job job = {"shm", 3, 2000, 60, -1, NULL};
     tr_out *o = tr_run(&job, replica_refusals_body, NULL);
+    cr_assert_eq(o[2].u[7], TERSE_ERR_INVALID, "epoch 1 to a live head: %s", o[2].err);
+    cr_assert(strstr(o[2].err, "is the slot's head (epoch 0)"), "%s", o[2].err);
+    cr_assert_eq(o[2].u[8], TERSE_ERR_INVALID, "a replica served while its head lives: %s",
+                 o[2].err);
+    cr_assert(strstr(o[2].err, "was not lost: send it there"), "%s", o[2].err);
+    cr_assert(o[2].val[0] >= 1000 && o[2].val[0] < 2000, "held for %.0f ms (3/4 of 2000)",
+              o[2].val[0]);
+    for (int r = 0; r < 2; r++) cr_assert_eq(o[r].u[6], TERSE_OK, "server %d: %s", r, o[r].err);
     for (int r = 0; r < 3; r++) {
         cr_assert_eq(o[r].u[0], TERSE_ERR_INVALID, "replicas=3 parses");
         cr_assert_eq(o[r].u[1], TERSE_ERR_INVALID, "async takes replicas");
         cr_assert_eq(o[r].u[2], TERSE_ERR_INVALID, "replicas=0 parses");
         cr_assert_eq(o[r].u[3], TERSE_ERR_UNSUPPORTED, "replicas 3 created");
         cr_assert_eq(o[r].u[4], TERSE_ERR_INVALID, "replicas 2 on one server created");
-        cr_assert(strstr(o[r].err, "2 or more servers"), "%s", o[r].err);
+        cr_assert(o[r].u[9], "rank %d: the sentence does not say why", r);
         cr_assert_eq(o[r].u[5], TERSE_ERR_UNSUPPORTED, "a stateful pull codec with replicas");
     }
     tr_release(o);
