@@ -298,6 +298,7 @@ struct terse_ps {
     int rstate;           /* replica: 0 header posted, 1 payload posted */
     size_t rkey;          /* replica: the key whose payload is posted */
     uint64_t rversion;
+    uint32_t rcrc;
     uint8_t rhdr[TERSE__PS_HDR_BYTES];
     uint8_t *rbuf_state;
     size_t rstate_cap;
@@ -322,6 +323,7 @@ terse_status terse__ps_backup_lost(terse_ps *ps, const char *how);
 void terse__ps_repl_cancel(terse_ps *ps);
 /* ps_server.c, for ps_replica.c */
 terse_status terse__ps_wake(terse_ps *ps, size_t key);
+terse_status terse__ps_maybe_close(terse_ps *ps, size_t key);
 size_t terse__ps_state_bytes(const terse_ps *ps, const terse__ps_shard *sh);
 
 /* ps_placement.c */

@@ -15,10 +15,13 @@
  * serves the step's pulls only once the replica acknowledged it: a step a
  * worker has seen is on both servers.
  *   head -> replica  REPL(rseq)      64-byte header: key, version, rseq,
- *                                    payload length, floats, crc32c
+ *                                    payload length, floats, the
+ *                                    payload's crc32c, its own crc32c
  *                    REPLDATA(rseq)  the state, value | mom | center
  *   replica -> head  ACK(rseq)       rseq and version, 16 bytes
- * The replica takes a state only if it is the key's next version.
+ * The replica takes a state only if it is the key's next version and
+ * checks. A head closes a key's next step only once the last one is
+ * acknowledged (its buffers are in use until then).
  *
  * Failure. The store announces the head's loss; the replica's mirror
  * instance is promoted (ps_server.c) and serves the slot with the state of
@@ -103,14 +106,18 @@ terse_status terse__ps_mirror_declare(terse_ps *ps, terse__ps_key *k, const floa
         free(c);
         return s;
     }
-    m->keys[m->nkeys++] = c;
     if (c->shard && terse__ps_state_bytes(m, c->shard) > m->rstate_cap) {
         size_t want = terse__ps_state_bytes(m, c->shard);
         uint8_t *b = realloc(m->rbuf_state, want);
-        if (!b) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+        if (!b) {
+            terse__ps_shard_free(m, c->shard);
+            free(c);
+            return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+        }
         m->rbuf_state = b;
         m->rstate_cap = want;
     }
+    m->keys[m->nkeys++] = c;
     return TERSE_OK;
 }
 
@@ -164,6 +171,7 @@ terse_status terse__ps_replicate(terse_ps *ps, size_t key) {
     terse__put_u64(h + 24, rseq);
     terse__put_u64(h + 32, len);
     terse__put_u64(h + 40, sh->nfloats);
+    terse__put_u32(h + 48, terse__crc32c_update(0, sh->repl_buf, len));
     terse__put_u32(h + 60, terse__crc32c_update(0, h, 60));
     memset(&sh->repl_hreq, 0, sizeof sh->repl_hreq);
     memset(&sh->repl_dreq, 0, sizeof sh->repl_dreq);
@@ -208,6 +216,7 @@ terse_status terse__ps_backup_lost(terse_ps *ps, const char *how) {
                                ps->rank);
         sh->repl_pending = 0;
         TERSE_CHECK(terse__ps_wake(ps, k));
+        TERSE_CHECK(terse__ps_maybe_close(ps, k));
     }
     return TERSE_OK;
 }
@@ -236,6 +245,7 @@ static terse_status head_progress(terse_ps *ps) {
         sh->repl_pending = 0;
         ps->stats.replicated++;
         TERSE_CHECK(terse__ps_wake(ps, k));
+        TERSE_CHECK(terse__ps_maybe_close(ps, k)); /* a step that waited for this ack */
     }
     return TERSE_OK;
 }
@@ -271,6 +281,7 @@ static terse_status take_header(terse_ps *m, size_t *len) {
                            (unsigned long long)sh->version);
     m->rkey = (size_t)key;
     m->rversion = version;
+    m->rcrc = terse__get_u32(h + 48);
     return TERSE_OK;
 }
 
@@ -297,6 +308,13 @@ static terse_status replica_progress(terse_ps *m) {
     if (!terse__fabric_req_idle(f, &m->rdreq) || m->rdreq.error) return TERSE_OK;
     terse__ps_shard *sh = m->keys[m->rkey]->shard;
     if (!terse__fabric_req_idle(f, &sh->ack_req)) return TERSE_OK; /* its last ack still going */
+    if (terse__crc32c_update(0, m->rbuf_state, terse__ps_state_bytes(m, sh)) != m->rcrc) {
+        fprintf(stderr, "terse: parameter server rank %d, replica of slot %d: the state of key "
+                        "%zu fails its checksum; ignored\n",
+                m->rank, m->slot, m->rkey);
+        m->rseq_next++;
+        return post_repl_header(m);
+    }
     unpack(sh, m->rbuf_state);
     sh->version = m->rversion;
     sh->opened_ns = terse__now_ns();
@@ -329,6 +347,8 @@ void terse__ps_repl_cancel(terse_ps *ps) {
     if (!m) return;
     if (!terse__fabric_cancel(f, &m->rhreq)) (void)terse__fabric_give_up(f, &m->rhreq);
     if (!terse__fabric_cancel(f, &m->rdreq)) (void)terse__fabric_give_up(f, &m->rdreq);
-    for (size_t k = 0; k < m->nkeys; k++)
-        if (m->keys[k]->shard) (void)terse__fabric_cancel(f, &m->keys[k]->shard->ack_req);
+    for (size_t k = 0; k < m->nkeys; k++) {
+        terse__fabric_req *r = m->keys[k]->shard ? &m->keys[k]->shard->ack_req : NULL;
+        if (r && !terse__fabric_cancel(f, r)) (void)terse__fabric_give_up(f, r);
+    }
 }

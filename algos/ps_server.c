@@ -401,9 +401,11 @@ terse_status terse__ps_wake(terse_ps *ps, size_t key) {
 }
 
 /* Sync: close key's open step if enough workers pushed it. */
-static terse_status maybe_close(terse_ps *ps, size_t key) {
+terse_status terse__ps_maybe_close(terse_ps *ps, size_t key) {
     terse__ps_shard *sh = ps->keys[key]->shard;
-    if (ps->cfg.mode != TERSE_PS_SYNC || !sh->count) return TERSE_OK;
+    /* replicas 2: the last step is still on its way to the replica (its
+     * buffers are in use); this one closes when the ack is in */
+    if (ps->cfg.mode != TERSE_PS_SYNC || !sh->count || sh->repl_pending) return TERSE_OK;
     /* Without a quorum: when every active worker has pushed (pushes of
      * workers that finished or were lost since count too). With a quorum
      * of K: on K pushes, or on every push there can still be, if fewer. */
@@ -454,7 +456,10 @@ static terse_status handle_push(terse_ps *ps, int w) {
                       "aggregator",
                       (double)p->h.weight);
     if (ps->cfg.mode == TERSE_PS_SYNC) {
-        if (ps->promoted && (clock < sh->version || sh->has[w])) {
+        /* With a quorum or a deadline the dead head may have closed the
+         * step without it: a resend of a closed step is then late. */
+        if (ps->promoted && (sh->has[w] || (clock < sh->version && !ps->cfg.quorum &&
+                                            !ps->cfg.deadline_ms))) {
             /* a resend of a push the dead head applied (or this one has) */
             ps->stats.duplicates++;
             if (then_pull) return handle_pull(ps, w);
@@ -497,7 +502,7 @@ static terse_status handle_push(terse_ps *ps, int w) {
         sh->has[w] = bad < sh->nfloats ? 2 : 1; /* a left-out push still counts as pushed */
         sh->count++;
         uint64_t before = sh->version;
-        TERSE_CHECK(maybe_close(ps, key));
+        TERSE_CHECK(terse__ps_maybe_close(ps, key));
         if (bad < sh->nfloats)
             return refuse(ps, w, R_NONFINITE,
                           "key %zu's push for step %llu holds %g at element %zu of the server's "
@@ -590,7 +595,7 @@ static terse_status handle_header(terse_ps *ps, int w) {
         /* Fewer active workers: a sync step may now be complete. */
         for (size_t k = 0; k < ps->nkeys; k++)
             if (ps->keys[k]->shard) {
-                TERSE_CHECK(maybe_close(ps, k));
+                TERSE_CHECK(terse__ps_maybe_close(ps, k));
                 if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(terse__ps_wake(ps, k));
             }
         return TERSE_OK;
@@ -652,8 +657,9 @@ static void mark_lost(terse_ps *ps, int w, const char *how) {
     p->lost = 1; /* a server peer too: nothing more is expected from it */
     if (!is_worker(ps, w)) return;
     ps->stats.workers_lost++;
-    fprintf(stderr, "terse: parameter server rank %d: worker rank %d was lost (%s)\n", ps->rank, w,
-            how);
+    if (ps->slot == ps->rank) /* its mirror instance learns it too: one line */
+        fprintf(stderr, "terse: parameter server rank %d: worker rank %d was lost (%s)\n",
+                ps->rank, w, how);
     if (ps->cfg.mode != TERSE_PS_SYNC || ps->broken[0]) return;
     /* With a quorum the steps close on the workers left. */
     if (!ps->cfg.quorum)
@@ -673,7 +679,7 @@ static terse_status after_loss(terse_ps *ps) {
     if (ps->broken[0]) return TERSE_OK;
     for (size_t k = 0; k < ps->nkeys; k++)
         if (ps->keys[k]->shard) {
-            TERSE_CHECK(maybe_close(ps, k));
+            TERSE_CHECK(terse__ps_maybe_close(ps, k));
             if (ps->cfg.mode == TERSE_PS_SSP) TERSE_CHECK(terse__ps_wake(ps, k));
         }
     return TERSE_OK;
@@ -754,7 +760,8 @@ static terse_status close_overdue(terse_ps *ps, uint64_t now) {
     const uint64_t limit = (uint64_t)ps->cfg.deadline_ms * 1000000ull;
     for (size_t key = 0; key < ps->nkeys; key++) {
         terse__ps_shard *sh = ps->keys[key]->shard;
-        if (!sh || now < sh->opened_ns || now - sh->opened_ns < limit) continue;
+        if (!sh || sh->repl_pending || now < sh->opened_ns || now - sh->opened_ns < limit)
+            continue;
         TERSE_CHECK(close_step(ps, key, 1));
         TERSE_CHECK(terse__ps_wake(ps, key));
     }
@@ -984,7 +991,9 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
             if (m && m->heard_ns > ps->heard_ns) ps->heard_ns = m->heard_ns;
             if (m && ps->heard_ns > m->heard_ns) m->heard_ns = ps->heard_ns;
             if (s == TERSE_OK) s = check_silence(ps, now);
-            if (s == TERSE_OK && m) s = m->promoted ? poll_losses(m) : expire_held(m, now);
+            /* the mirror learns losses too: a dead worker's goodbye never comes */
+            if (s == TERSE_OK && m) s = poll_losses(m);
+            if (s == TERSE_OK && m && !m->promoted) s = expire_held(m, now);
             if (s == TERSE_OK && m && m->promoted) s = close_overdue(m, now);
             if (s == TERSE_OK && m && m->promoted) s = expire_parked(m, now);
             if (s == TERSE_OK && m) s = expire_stuck(m, now);

@@ -16,6 +16,9 @@
 #include "common/error.h"
 
 #define PS_NAP_AFTER_NS 200000u
+/* replicas 2: how long a failed transfer waits for the store to confirm
+ * its server's loss before it fails the request instead */
+#define STORE_CONFIRM_NS 2000000000ull
 
 typedef struct wait_ctx {
     terse_ps *ps;
@@ -141,7 +144,7 @@ static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, co
     terse_comm *c = ps->comm;
     terse__fabric *f = c->fabric;
     const uint64_t t0 = terse__now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
-    uint64_t last_event = t0, last_poll = 0;
+    uint64_t last_event = t0, last_poll = 0, erred_ns = 0;
     const uint8_t *lost = NULL;
     unsigned idle = 0;
     terse_status st = TERSE_OK;
@@ -169,19 +172,34 @@ static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, co
                 pending |= !idle_req;
                 continue;
             }
-            if (loss_ok || can_fail_over(ps, s, lost)) {
+            /* A failed transfer moves a slot only once the store confirms
+             * the server is gone (within milliseconds of a death): a head
+             * that is alive must not be left behind. */
+            if (!gone && !loss_ok && can_fail_over(ps, s, lost)) {
+                if (!erred_ns) erred_ns = now;
+                if (now - erred_ns < STORE_CONFIRM_NS) {
+                    pending = 1;
+                    continue;
+                }
+            }
+            if (gone ? (loss_ok || can_fail_over(ps, s, lost)) : loss_ok) {
                 failed[s] = 1;
                 continue;
             }
-            st = TERSE_ERROR(gone ? TERSE_ERR_PEER_LOST : (terse_status)q[i].error,
-                             "rank %d: parameter server rank %d, which serves slot %d, %s%s",
-                             ps->rank, t, s,
-                             gone ? "was lost (its connection to the bootstrap store dropped "
-                                    "without a goodbye)"
-                                  : "failed a transfer",
-                             ps->target[s] != s ? " after taking over from the slot's lost head: "
-                                                  "both of its servers are gone"
-                                                : ", and its replica is gone too");
+            if (!gone)
+                st = TERSE_ERROR((terse_status)q[i].error,
+                                 "rank %d: a transfer with parameter server rank %d (slot %d) "
+                                 "failed (%s), and the bootstrap store does not report it lost",
+                                 ps->rank, t, s, terse_status_name((terse_status)q[i].error));
+            else
+                st = TERSE_ERROR(TERSE_ERR_PEER_LOST,
+                                 "rank %d: parameter server rank %d, which serves slot %d, was "
+                                 "lost (its connection to the bootstrap store dropped without a "
+                                 "goodbye)%s",
+                                 ps->rank, t, s,
+                                 ps->target[s] != s ? " after taking over from the slot's lost "
+                                                      "head: both of its servers are gone"
+                                                    : ", and its replica is gone too");
         }
         if (st != TERSE_OK || !pending) break;
         if (events) {
@@ -463,12 +481,14 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
     char why[512] = "";
     for (;;) {
         uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
+        int usable = 0; /* this pass's: a refusal, not a failure */
         terse_status st = exchange_mask(ps, k, op, key, buf, clock, weight, mask, plen, failed,
-                                        keep_usable);
-        if (st != TERSE_OK && !*keep_usable) return st;
+                                        &usable);
+        if (st != TERSE_OK && !usable) return st;
         if (st != TERSE_OK && refusal == TERSE_OK) {
             refusal = st;
             snprintf(why, sizeof why, "%s", terse_last_error());
+            *keep_usable = 1;
         }
         int any = 0;
         for (int s = 0; s < S; s++)
@@ -479,7 +499,14 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
         if (!any) break;
         memcpy(mask, failed, sizeof mask); /* run the moved slots again */
     }
-    if (refusal != TERSE_OK) return TERSE_ERROR(refusal, "%s", why);
+    if (refusal != TERSE_OK) {
+        /* a push refused for a reason of its own is not to be resent */
+        for (int s = 0; push && k->unacked && s < S && refusal != TERSE_ERR_STALE &&
+                        refusal != TERSE_ERR_NONFINITE;
+             s++)
+            k->unacked[s].valid = 0;
+        return TERSE_ERROR(refusal, "%s", why);
+    }
     if (pull) ps->stats.pulls++;
     if (push) ps->stats.pushes++;
     return TERSE_OK;

@@ -929,9 +929,10 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * over from its last acknowledged step (takeovers); each worker moves the
  * slot to it and resends the pushes no pull has covered yet, which the new
  * head applies at most once (duplicates counts the resends it already
- * had). Pushes are aggregated in worker-rank order, so training goes on
- * with the same bits as if nobody had died (tested with SIGKILL over tcp
- * and shm). A replica that dies leaves its head serving alone; a slot
+ * had). Pushes are aggregated in worker-rank order, so in plain sync mode
+ * training goes on with the same bits as if nobody had died (tested with
+ * SIGKILL over tcp and shm); with a quorum or a deadline the new head
+ * closes on the resends that come first. A replica that dies leaves its head serving alone; a slot
  * whose head and replica are both lost fails the workers' requests with
  * TERSE_ERR_PEER_LOST naming the slot. Limits: pull codecs must be dense
  * (a pull codec's server-side state would not be on the replica:

@@ -1356,6 +1356,9 @@ Test(ps, sync_stopped_worker_times_out_the_others_naming_it) {
 typedef struct fail_job {
     int replicas;
     int kill_at; /* SIGKILL server rank 1 once it closed this many shard steps (0: never) */
+    int worker_dies; /* SIGKILL worker rank 4 at this step (0: never) */
+    const char *mode;  /* NULL: sync */
+    int nap_us;        /* workers' pause between steps (0: 4 ms) */
 } fail_job;
 
 static float fgrad(int w, int t, size_t i) {
@@ -1387,6 +1390,7 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
     cfg.lr = 0.05f;
     cfg.momentum = 0.9f;
     cfg.chunk_bytes = 4096;
+    if (j->mode) TR_CALL(o, terse_ps_config_parse(j->mode, &cfg));
     cfg.replicas = j->replicas;
     terse_ps *ps = NULL;
     TR_CALL(o, terse_ps_create(c, &cfg, &ps));
@@ -1412,14 +1416,22 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
     }
     static float x[FN], y[FN1];
     for (int t = 0; t < FSTEPS; t++) {
+        if (rank == 4 && j->worker_dies && t == j->worker_dies) raise(SIGKILL);
         for (size_t i = 0; i < FN; i++) x[i] = fgrad(rank, t, i);
         for (size_t i = 0; i < FN1; i++) y[i] = fgrad(rank, t, i + FN);
-        TR_CALL(o, terse_ps_pushpull(ps, 0, x, NULL));
-        TR_CALL(o, terse_ps_push(ps, 1, y, NULL));
-        TR_CALL(o, terse_ps_pull(ps, 1, y, NULL));
+        terse_status s = terse_ps_pushpull(ps, 0, x, NULL);
+        if (s == TERSE_ERR_STALE) s = terse_ps_pull(ps, 0, x, NULL); /* a deadline's: go on */
+        if (s == TERSE_OK) s = terse_ps_push(ps, 1, y, NULL);
+        if (s == TERSE_ERR_STALE) s = TERSE_OK;
+        if (s == TERSE_OK) s = terse_ps_pull(ps, 1, y, NULL);
+        if (s != TERSE_OK) {
+            tr_fail(o, s, "step");
+            terse_ps_free(ps); /* says goodbye to the servers */
+            return 1;
+        }
         o->val[10 + t] = tr_now_ms(); /* this step complete */
         TR_CALL(o, terse_ps_clock(ps));
-        usleep(4000);
+        usleep(j->nap_us ? (useconds_t)j->nap_us : 4000);
     }
     memcpy(o->f, x, sizeof x);
     memcpy(o->f + FN, y, sizeof y);
@@ -1432,7 +1444,7 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
 /* The same training, replicated or not, gives the same bits; every step a
  * head closes is acknowledged by its replica first. */
 Test(ps, replicas_keep_each_closed_step_on_both_servers_and_change_no_bits) {
-    fail_job one = {1, 0}, two = {2, 0};
+    fail_job one = {1, 0, 0, NULL, 0}, two = {2, 0, 0, NULL, 0};
     tr_job job = {"shm", 5, 20000, 60, -1, NULL};
     tr_out *a = tr_run(&job, failover_body, &one);
     tr_out *b = tr_run(&job, failover_body, &two);
@@ -1463,7 +1475,7 @@ static int cmp_d(const void *x, const void *y) {
  * TERSE_FAILOVER_TRIALS sets the moments (2 here; the campaign runs 10);
  * prints the recovery time, kill to the next step a worker completed. */
 static void failover(const char *prov) {
-    fail_job ref = {2, 0};
+    fail_job ref = {2, 0, 0, NULL, 0};
     tr_job job = {prov, 5, 20000, 90, -1, NULL};
     tr_out *r = tr_run(&job, failover_body, &ref);
     cr_assert_eq(r[2].status, 0, "%s", r[2].err);
@@ -1479,7 +1491,7 @@ static void failover(const char *prov) {
     uint64_t dups = 0; /* resends the new head already had: answered, not applied again */
     for (int k = 0; k < trials; k++) {
         /* from the first steps to the last ones */
-        fail_job j = {2, 1 + (int)((double)(steps - 3) * (k + 0.5) / trials)};
+        fail_job j = {2, 1 + (int)((double)(steps - 3) * (k + 0.5) / trials), 0, NULL, 0};
         tr_job kj = {prov, 5, 20000, 90, 1,
                      !strcmp(prov, "shm") ? "a survivor spinning on the dead server's shm lock"
                                           : NULL};
@@ -1535,6 +1547,46 @@ static void failover(const char *prov) {
 
 Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_tcp) { failover("tcp"); }
 Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_shm) { failover("shm"); }
+
+/* Steps that close on a short deadline while the workers are away (empty
+ * steps, one after another): a head never starts replicating a step
+ * before the last one is acknowledged, so every step it closed is
+ * acknowledged and the replica never gets one it was not sent. */
+Test(ps, replicas_with_a_deadline_replicate_every_step_in_order) {
+    fail_job j = {2, 0, 0, "sync:deadline_ms=5", 30000};
+    tr_job job = {"shm", 5, 20000, 60, -1, NULL};
+    tr_out *o = tr_run(&job, failover_body, &j);
+    for (int s = 0; s < 2; s++) {
+        cr_assert_eq(o[s].u[5], TERSE_OK, "server %d: %s", s, o[s].err);
+        cr_assert_gt(o[s].u[3], FSTEPS, "server %d: %llu steps closed, expected empty ones too",
+                     s, (unsigned long long)o[s].u[3]);
+        cr_assert_eq(o[s].u[0], o[s].u[3], "server %d: %llu closed, %llu acknowledged", s,
+                     (unsigned long long)o[s].u[3], (unsigned long long)o[s].u[0]);
+    }
+    tr_release(o);
+}
+
+/* A worker killed under replicas: both instances of every server learn
+ * it, the surviving workers fail naming it (sync without a quorum), and
+ * serving ends instead of waiting for the dead worker's goodbye. */
+Test(ps, replicas_a_killed_worker_ends_serving_on_both_instances) {
+    fail_job j = {2, 0, 5, NULL, 0};
+    tr_job job = {"tcp", 5, 5000, 20, 4, NULL};
+    tr_known_segv = TR_RXM_TEARDOWN_SEGV;
+    tr_out *o = tr_run(&job, failover_body_soft, &j);
+    tr_known_segv = NULL;
+    for (int s = 0; s < 2; s++) {
+        if (!o[s].finished) continue; /* rxm's teardown crash, reported */
+        cr_assert_eq(o[s].u[5], TERSE_ERR_PEER_LOST, "server %d: %s", s, o[s].err);
+        cr_assert(strstr(o[s].err, "worker rank 4 was lost"), "server %d: %s", s, o[s].err);
+    }
+    for (int w = 2; w < 4; w++) {
+        if (!o[w].finished) continue;
+        cr_assert_eq(o[w].status, TERSE_ERR_PEER_LOST, "worker %d: %s", w, o[w].err);
+        cr_assert(strstr(o[w].err, "worker rank 4"), "worker %d: %s", w, o[w].err);
+    }
+    tr_release(o);
+}
 
 static int replica_refusals_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
