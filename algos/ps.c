@@ -363,6 +363,16 @@ static terse_status canon(const char *spec, size_t key, const char *what, char *
     return TERSE_OK;
 }
 
+terse_status terse__ps_keys_reserve(terse_ps *ps) {
+    if (ps->nkeys < ps->keys_cap) return TERSE_OK;
+    size_t cap = ps->keys_cap ? 2 * ps->keys_cap : 16;
+    terse__ps_key **v = realloc(ps->keys, cap * sizeof *v);
+    if (!v) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+    ps->keys = v;
+    ps->keys_cap = cap;
+    return TERSE_OK;
+}
+
 terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n, const char *push_spec,
                               const char *pull_spec, const float *init) {
     if (!ps) return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_declare: ps is NULL");
@@ -373,13 +383,7 @@ terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n, const char *pu
                            key, ps->nkeys);
     if (n == 0 || n > TERSE_MAX_ELEMENTS)
         return TERSE_ERROR(TERSE_ERR_INVALID, "terse_ps_declare of key %zu: %zu elements", key, n);
-    if (ps->nkeys == ps->keys_cap) {
-        size_t cap = ps->keys_cap ? 2 * ps->keys_cap : 16;
-        terse__ps_key **v = realloc(ps->keys, cap * sizeof *v);
-        if (!v) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
-        ps->keys = v;
-        ps->keys_cap = cap;
-    }
+    TERSE_CHECK(terse__ps_keys_reserve(ps));
     terse__ps_key *k = calloc(1, sizeof *k);
     if (!k) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
     k->index = key;

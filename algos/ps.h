@@ -138,7 +138,6 @@ typedef struct terse__ps_key {
     size_t *srv_floats, *srv_push_bound, *srv_pull_bound;
     /* server side: what this rank holds (NULL if none) */
     terse__ps_shard *shard;
-    int is_copy; /* a replica instance's view of a key: frees only its shard */
     /* worker side, replicas 2: per server slot, the last push not yet
      * covered by a pull of a later step (resent to the replica if the
      * slot's head dies) */
@@ -309,6 +308,9 @@ struct terse_ps {
     uint32_t *epoch;
     uint64_t *mseq;
 };
+
+/* Room for one more key in ps->keys (ps.c). */
+terse_status terse__ps_keys_reserve(terse_ps *ps);
 
 /* ps_replica.c */
 terse_status terse__ps_mirror_create(terse_ps *ps);

@@ -86,18 +86,11 @@ terse_status terse__ps_mirror_create(terse_ps *ps) {
 
 terse_status terse__ps_mirror_declare(terse_ps *ps, terse__ps_key *k, const float *init) {
     terse_ps *m = ps->mirror;
-    if (m->nkeys == m->keys_cap) {
-        size_t cap = m->keys_cap ? 2 * m->keys_cap : 16;
-        terse__ps_key **v = realloc(m->keys, cap * sizeof *v);
-        if (!v) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
-        m->keys = v;
-        m->keys_cap = cap;
-    }
+    TERSE_CHECK(terse__ps_keys_reserve(m));
     terse__ps_key *c = malloc(sizeof *c);
     if (!c) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
     *c = *k; /* placement and specs are the head's; it owns them */
-    c->shard = NULL;
-    c->is_copy = 1;
+    c->shard = NULL; /* mirror_free frees a copy's shard and the copy alone */
     c->push_enc = c->pull_dec = NULL;
     c->unacked = NULL;
     terse_status s = terse__ps_shard_init(m, c, init);
