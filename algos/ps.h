@@ -293,6 +293,9 @@ struct terse_ps {
     int backup;           /* head instance: its replica's rank (-1: none or lost) */
     uint64_t rseq;        /* head: next replication message */
     int promoted;         /* replica instance: its head was lost; it serves the slot */
+    int abandoned;        /* replica instance: its head stopped replicating to it */
+    uint8_t abandon_hdr[TERSE__PS_HDR_BYTES]; /* head: the message that says so */
+    terse__fabric_req abandon_req;
     uint64_t rseq_next;   /* replica: next replication message expected */
     int rstate;           /* replica: 0 header posted, 1 payload posted */
     size_t rkey;          /* replica: the key whose payload is posted */
@@ -321,7 +324,7 @@ terse_status terse__ps_replicate(terse_ps *ps, size_t key);
 /* Head: collect acks; replica: receive steps and acknowledge them. */
 terse_status terse__ps_repl_progress(terse_ps *ps);
 /* Head: its replica was lost; the chain is the head alone from now on. */
-terse_status terse__ps_backup_lost(terse_ps *ps, const char *how);
+terse_status terse__ps_backup_lost(terse_ps *ps, const char *how, int maybe_alive);
 void terse__ps_repl_cancel(terse_ps *ps);
 /* ps_server.c, for ps_replica.c */
 terse_status terse__ps_wake(terse_ps *ps, size_t key);

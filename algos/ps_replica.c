@@ -192,12 +192,27 @@ static int cancel_repl(terse_ps *ps, terse__ps_shard *sh) {
     return ok;
 }
 
-terse_status terse__ps_backup_lost(terse_ps *ps, const char *how) {
+terse_status terse__ps_backup_lost(terse_ps *ps, const char *how, int maybe_alive) {
     if (ps->backup < 0) return TERSE_OK;
     fprintf(stderr,
             "terse: parameter server rank %d: its replica, server rank %d, was lost (%s); it "
             "serves its shard alone from now on\n",
             ps->rank, ps->backup, how);
+    if (maybe_alive) {
+        /* Tell it, for when it runs again: it must never take the slot over
+         * with its old state (ABANDON: key UINT64_MAX, the last version). */
+        uint8_t *h = ps->abandon_hdr;
+        memset(h, 0, TERSE__PS_HDR_BYTES);
+        terse__put_u32(h, REPL_MAGIC);
+        terse__put_u64(h + 8, UINT64_MAX);
+        terse__put_u64(h + 24, ps->rseq);
+        terse__put_u32(h + 60, terse__crc32c_update(0, h, 60));
+        memset(&ps->abandon_req, 0, sizeof ps->abandon_req);
+        TERSE_CHECK(terse__comm_isend(ps->comm, ps->backup,
+                                      terse__ps_tag(ps->slot, TERSE__PS_TAG_REPL, ps->rseq++), h,
+                                      TERSE__PS_HDR_BYTES, TERSE__BYTES_FRAMING,
+                                      &ps->abandon_req));
+    }
     ps->backup = -1;
     for (size_t k = 0; k < ps->nkeys; k++) {
         terse__ps_shard *sh = ps->keys[k]->shard;
@@ -226,15 +241,15 @@ static terse_status head_progress(terse_ps *ps) {
             char how[96];
             snprintf(how, sizeof how, "it acknowledged nothing for %llu ms",
                      (unsigned long long)((now - sh->repl_ns) / 1000000u));
-            return terse__ps_backup_lost(ps, how);
+            return terse__ps_backup_lost(ps, how, 1);
         }
         if (!terse__fabric_req_idle(f, &sh->ack_req) || !terse__fabric_req_idle(f, &sh->repl_hreq) ||
             !terse__fabric_req_idle(f, &sh->repl_dreq))
             continue;
         if (sh->ack_req.error || sh->repl_hreq.error || sh->repl_dreq.error)
-            return terse__ps_backup_lost(ps, "a replication transfer failed");
+            return terse__ps_backup_lost(ps, "a replication transfer failed", 0);
         if (terse__get_u64(sh->ack) != sh->repl_rseq || terse__get_u64(sh->ack + 8) != sh->version)
-            return terse__ps_backup_lost(ps, "it acknowledged a step it was not sent");
+            return terse__ps_backup_lost(ps, "it acknowledged a step it was not sent", 1);
         sh->repl_pending = 0;
         ps->stats.replicated++;
         TERSE_CHECK(terse__ps_wake(ps, k));
@@ -260,6 +275,11 @@ static terse_status take_header(terse_ps *m, size_t *len) {
     if (terse__get_u32(h) != REPL_MAGIC || terse__get_u32(h + 60) != terse__crc32c_update(0, h, 60))
         return TERSE_ERROR(TERSE_ERR_CORRUPT, "a replication header that fails its checks");
     uint64_t key = terse__get_u64(h + 8), version = terse__get_u64(h + 16);
+    if (key == UINT64_MAX && terse__get_u64(h + 24) == m->rseq_next) {
+        m->abandoned = 1;
+        *len = 0;
+        return TERSE_OK;
+    }
     if (terse__get_u64(h + 24) != m->rseq_next || key >= m->nkeys || !m->keys[key]->shard)
         return TERSE_ERROR(TERSE_ERR_CORRUPT, "replication message %llu for key %llu, not held "
                            "here or out of order", (unsigned long long)terse__get_u64(h + 24),
@@ -280,10 +300,18 @@ static terse_status take_header(terse_ps *m, size_t *len) {
 
 static terse_status replica_progress(terse_ps *m) {
     const terse__fabric *f = m->comm->fabric;
+    if (m->abandoned) return TERSE_OK;
     if (m->rstate == 0) {
         if (!terse__fabric_req_idle(f, &m->rhreq) || m->rhreq.error) return TERSE_OK;
         size_t len = 0;
         terse_status s = take_header(m, &len);
+        if (s == TERSE_OK && m->abandoned) {
+            fprintf(stderr,
+                    "terse: parameter server rank %d: the head of slot %d stopped replicating "
+                    "to it (it did not acknowledge in time); it will not take the slot over\n",
+                    m->rank, m->slot);
+            return TERSE_OK; /* listens no more */
+        }
         if (s != TERSE_OK) {
             /* The head's acknowledgement never comes: it stops replicating
              * (its own timeout), and this replica stays at its last step. */
@@ -334,6 +362,7 @@ terse_status terse__ps_repl_progress(terse_ps *ps) {
 
 void terse__ps_repl_cancel(terse_ps *ps) {
     terse__fabric *f = ps->comm->fabric;
+    if (!terse__fabric_cancel(f, &ps->abandon_req)) (void)terse__fabric_give_up(f, &ps->abandon_req);
     for (size_t k = 0; k < ps->nkeys; k++)
         if (ps->keys[k]->shard) (void)cancel_repl(ps, ps->keys[k]->shard);
     terse_ps *m = ps->mirror;

@@ -584,6 +584,11 @@ static terse_status handle_header(terse_ps *ps, int w) {
                             ps->slot, ps->rank,
                             ps->slot == ps->rank ? "is the slot's head (epoch 0)"
                                                  : "is the slot's replica (epoch 1)");
+    if (h.op != TERSE__PS_FINISH && ps->abandoned && ps->promoted)
+        return refuse_drain(ps, w, R_LOST,
+                            "slot %d is lost: its head, server rank %d, stopped replicating to "
+                            "its replica here (rank %d did not acknowledge in time) and then died",
+                            ps->slot, ps->slot, ps->rank);
     if (h.op != TERSE__PS_FINISH && ps->slot != ps->rank && !ps->promoted) {
         p->state = P_HOLD; /* until the head's loss is announced */
         p->parked_ns = terse__now_ns();
@@ -708,7 +713,7 @@ static terse_status promote(terse_ps *ps) {
     if (!terse__fabric_cancel(f, &m->rhreq)) (void)terse__fabric_give_up(f, &m->rhreq);
     if (!terse__fabric_cancel(f, &m->rdreq)) (void)terse__fabric_give_up(f, &m->rdreq);
     m->promoted = 1;
-    m->stats.takeovers++;
+    m->stats.takeovers += !m->abandoned;
     uint64_t now = terse__now_ns(), step = 0;
     m->heard_ns = now;
     for (size_t k = 0; k < m->nkeys; k++)
@@ -716,10 +721,16 @@ static terse_status promote(terse_ps *ps) {
             m->keys[k]->shard->opened_ns = now;
             step = m->keys[k]->shard->version;
         }
-    fprintf(stderr,
-            "terse: parameter server rank %d: server rank %d, the head of slot %d, was lost; "
-            "its replica here serves the slot from step %llu on\n",
-            ps->rank, m->slot, m->slot, (unsigned long long)step);
+    if (m->abandoned)
+        fprintf(stderr,
+                "terse: parameter server rank %d: server rank %d, the head of slot %d, was lost "
+                "after it had stopped replicating here: the slot is lost\n",
+                ps->rank, m->slot, m->slot);
+    else
+        fprintf(stderr,
+                "terse: parameter server rank %d: server rank %d, the head of slot %d, was lost; "
+                "its replica here serves the slot from step %llu on\n",
+                ps->rank, m->slot, m->slot, (unsigned long long)step);
     for (int w = m->nservers; w < m->nranks; w++)
         if (m->peers[w].state == P_HOLD) TERSE_CHECK(handle_header(m, w));
     return TERSE_OK;
@@ -733,7 +744,7 @@ static terse_status poll_servers(terse_ps *ps) {
     TERSE_CHECK(terse__store_poll_lost(ps->comm->store, &lost));
     if (ps->mirror && !ps->mirror->promoted && lost[ps->mirror->slot]) TERSE_CHECK(promote(ps));
     if (ps->backup >= 0 && lost[ps->backup])
-        TERSE_CHECK(terse__ps_backup_lost(ps, "the bootstrap store announced its loss"));
+        TERSE_CHECK(terse__ps_backup_lost(ps, "the bootstrap store announced its loss", 0));
     return TERSE_OK;
 }
 

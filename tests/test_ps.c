@@ -1588,6 +1588,83 @@ Test(ps, replicas_a_killed_worker_ends_serving_on_both_instances) {
     tr_release(o);
 }
 
+/* A replica that stops (SIGSTOP) is dropped by its head after half the
+ * timeout and told so; if the head dies later, the stale replica does not
+ * take over, and the worker's request fails naming the slot. Rank 2 (the
+ * one worker) stops, resumes and kills the servers, whose pids the ranks
+ * publish in the shared outputs. */
+static int abandon_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    int rank = terse_comm_rank(c);
+    o->u[50] = (uint64_t)getpid();
+    terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+    cfg.num_servers = 2;
+    cfg.chunk_bytes = 4096;
+    cfg.replicas = 2;
+    terse_ps *ps = NULL;
+    TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    /* one chunk each, until one lands on server 1: key kk, whose head is
+     * the victim (rank 0 hosts the store) */
+    const int h = 1, r = 0;
+    size_t kk = 0;
+    for (size_t k = 0; k < 16; k++) {
+        TR_CALL(o, terse_ps_declare(ps, k, 256, NULL, NULL, NULL));
+        if (terse_ps_chunk_server(ps, k, 0) == h) {
+            kk = k;
+            break;
+        }
+    }
+    if (terse_ps_chunk_server(ps, kk, 0) != h) return tr_fail(o, TERSE_ERR_INTERNAL, "placement");
+    if (terse_ps_is_server(ps)) {
+        o->u[5] = (uint64_t)terse_ps_serve(ps);
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        terse_ps_free(ps);
+        return 0;
+    }
+    const tr_out *all = o - rank;
+    while (!all[0].u[50] || !all[1].u[50]) usleep(1000);
+    float x[256];
+    terse_status s = TERSE_OK;
+    for (int t = 0; t < 5 && s == TERSE_OK; t++) {
+        if (t == 2) kill((pid_t)all[r].u[50], SIGSTOP);
+        if (t == 3) {
+            kill((pid_t)all[r].u[50], SIGCONT);
+            usleep(300000); /* it reads its head's message */
+        }
+        if (t == 4) {
+            kill((pid_t)all[h].u[50], SIGKILL);
+            usleep(300000); /* the store's notice */
+        }
+        for (int i = 0; i < 256; i++) x[i] = (float)(t + i);
+        double t0 = tr_now_ms();
+        s = terse_ps_pushpull(ps, kk, x, NULL); /* the other key, never pushed, stays at 0 */
+        o->val[t] = tr_now_ms() - t0;
+        o->u[10 + t] = (uint64_t)s;
+        if (s == TERSE_OK) s = terse_ps_clock(ps);
+    }
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    terse_ps_free(ps);
+    return 0;
+}
+
+Test(ps, a_replica_its_head_gave_up_on_does_not_take_over) {
+    const int h = 1;
+    tr_job job = {"tcp", 3, 2000, 60, h, NULL};
+    tr_known_segv = TR_RXM_TEARDOWN_SEGV;
+    tr_out *o = tr_run(&job, abandon_body, NULL);
+    tr_known_segv = NULL;
+    cr_assert_eq(o[2].status, 0, "%s", o[2].err);
+    for (int t = 0; t < 4; t++) cr_assert_eq(o[2].u[10 + t], TERSE_OK, "step %d: %s", t, o[2].err);
+    cr_assert(o[2].val[2] >= 900, "the step with the replica stopped took %.0f ms: the head "
+                                  "should have waited half the 2 s timeout for its ack",
+              o[2].val[2]);
+    cr_assert_eq(o[2].u[14], TERSE_ERR_PEER_LOST, "after the head's death: %s", o[2].err);
+    char want[64];
+    snprintf(want, sizeof want, "slot %d is lost", h);
+    cr_assert(strstr(o[2].err, want), "%s", o[2].err);
+    tr_release(o);
+}
+
 static int replica_refusals_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     const char *specs[] = {"sync:replicas=3", "async:replicas=2", "sync:replicas=0"};
