@@ -336,6 +336,24 @@ static terse_status finish_replicated(terse_ps *ps) {
 
 /* ---------------------------------------------------------------- exchange */
 
+/* replicas 1: wait_for, and a server the transport found dead before the
+ * store said so is named with its slot all the same. */
+static terse_status wait_unreplicated(terse_ps *ps, terse__fabric_req *q, size_t nq,
+                                      const uint8_t *mask) {
+    terse_status st = wait_for(ps, q, nq, mask);
+    if (st != TERSE_ERR_PEER_LOST || strstr(terse_last_error(), "the only server of slot"))
+        return st;
+    int s = -1; /* the first server whose transfer failed */
+    for (size_t i = 0; i < nq && s < 0; i++)
+        if (q[i].error) s = q[i].peer;
+    if (s < 0 || s >= ps->nservers) return st;
+    char why[512];
+    snprintf(why, sizeof why, "%s", terse_last_error());
+    return TERSE_ERROR(st, "rank %d: parameter server rank %d, the only server of slot %d "
+                           "(replicas 1), was lost: %s",
+                       ps->rank, s, s, why);
+}
+
 /* The slots in mask: send the requests, take the replies, receive and
  * decode the pulls. replicas 2: a slot whose server is lost comes back in
  * failed[] with nothing of it done (the caller moves it to the replica
@@ -377,7 +395,7 @@ static terse_status exchange_mask(terse_ps *ps, terse__ps_key *k, int op, size_t
     if (replicated)
         TERSE_CHECK(wait_slots(ps, q, nq, qslot, failed, 0));
     else
-        TERSE_CHECK(wait_for(ps, q, nq, mask));
+        TERSE_CHECK(wait_unreplicated(ps, q, nq, mask));
     /* Every reply is in: the conversation with each server moved on. */
     int first = -1;
     nq = 0;
@@ -416,7 +434,7 @@ static terse_status exchange_mask(terse_ps *ps, terse__ps_key *k, int op, size_t
     if (nq && replicated)
         TERSE_CHECK(wait_slots(ps, q, nq, qslot, failed, 0));
     else if (nq)
-        TERSE_CHECK(wait_for(ps, q, nq, mask));
+        TERSE_CHECK(wait_unreplicated(ps, q, nq, mask));
     if (first >= 0) {
         /* A refusal concerns this request only: the conversation is intact. */
         *keep_usable = 1;
