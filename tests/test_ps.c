@@ -1565,9 +1565,10 @@ Test(ps, replicas_with_a_deadline_replicate_every_step_in_order) {
         cr_assert_eq(o[s].u[5], TERSE_OK, "server %d: %s", s, o[s].err);
         cr_assert_gt(o[s].u[3], FSTEPS, "server %d: %llu steps closed, expected empty ones too",
                      s, (unsigned long long)o[s].u[3]);
-        /* every step a worker pulled was acknowledged; one closed by its
-         * deadline after the last pull may still be on its way at the end */
-        cr_assert(o[s].u[0] <= o[s].u[3] && o[s].u[3] - o[s].u[0] <= 1,
+        /* every step a worker pulled was acknowledged; one per key, closed
+         * by its deadline after the last pull, may still be on its way when
+         * serving ends (2 keys) */
+        cr_assert(o[s].u[0] <= o[s].u[3] && o[s].u[3] - o[s].u[0] <= 2,
                   "server %d: %llu closed, %llu acknowledged", s, (unsigned long long)o[s].u[3],
                   (unsigned long long)o[s].u[0]);
     }
