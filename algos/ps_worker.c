@@ -164,7 +164,7 @@ static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, co
         }
         int pending = 0;
         for (size_t i = 0; i < nq && st == TERSE_OK; i++) {
-            int s = qslot[i], t = ps->target[s];
+            int s = qslot[i], t = q[i].peer; /* the rank it goes to or comes from */
             if (failed[s]) continue;
             int gone = lost && lost[t];
             int idle_req = terse__fabric_req_idle(f, &q[i]);
@@ -243,20 +243,22 @@ static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, co
     return st;
 }
 
-/* Send one request to slot s's server and take its reply header (no
- * payload back): the resends of a failover, and replicas 2's finish. */
+/* Send one request to slot s's server (to_replica: to its replica, in
+ * their own conversation) and take its reply header (no payload back;
+ * into *rep if not NULL): the resends of a failover, replicas 2's finish. */
 static terse_status one_request(terse_ps *ps, int s, const terse__ps_hdr *h0, const void *payload,
-                                uint8_t *failed, int loss_ok) {
+                                uint8_t *failed, int loss_ok, int to_replica, terse__ps_rep *rep) {
     terse_comm *c = ps->comm;
+    uint64_t *seq = to_replica ? &ps->mseq[s] : &ps->seq[s];
     terse__ps_hdr h = *h0;
-    h.seq = ps->seq[s];
-    h.epoch = ps->epoch[s];
+    h.seq = *seq;
+    h.epoch = to_replica ? 1 : ps->epoch[s];
     uint8_t hb[TERSE__PS_HDR_BYTES], rb[TERSE__PS_REP_BYTES];
     terse__ps_put_hdr(hb, &h);
     terse__fabric_req q[3];
     int qs[3] = {s, s, s};
     size_t nq = 0;
-    int t = ps->target[s];
+    int t = to_replica ? backup_of(ps, s) : ps->target[s];
     TERSE_CHECK(terse__comm_irecv(c, t, terse__ps_tag(s, TERSE__PS_TAG_REP, h.seq), rb, sizeof rb,
                                   TERSE__BYTES_FRAMING, &q[nq++]));
     TERSE_CHECK(terse__comm_isend(c, t, terse__ps_tag(s, TERSE__PS_TAG_HDR, h.seq), hb, sizeof hb,
@@ -266,9 +268,10 @@ static terse_status one_request(terse_ps *ps, int s, const terse__ps_hdr *h0, co
                                       (size_t)h.payload_len, TERSE__BYTES_PAYLOAD, &q[nq++]));
     TERSE_CHECK(wait_slots(ps, q, nq, qs, failed, loss_ok));
     if (failed[s]) return TERSE_OK;
-    ps->seq[s]++;
+    (*seq)++;
     terse__ps_rep r;
     TERSE_CHECK(terse__ps_get_rep(rb, &r));
+    if (rep) *rep = r;
     if (r.payload_len)
         return TERSE_ERROR(TERSE_ERR_CORRUPT, "rank %d: server rank %d answered with a payload",
                            ps->rank, t);
@@ -294,7 +297,7 @@ static terse_status fail_over(terse_ps *ps, int s, size_t cur, int cur_pushes) {
         terse__ps_hdr h = {TERSE__PS_PUSH, key, u->clock, u->len, 0, k->srv_floats[s],
                            k->decl_hash, u->weight, 1};
         uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
-        terse_status st = one_request(ps, s, &h, u->buf, failed, 1);
+        terse_status st = one_request(ps, s, &h, u->buf, failed, 1, 0, NULL);
         if (failed[s])
             return TERSE_ERROR(TERSE_ERR_PEER_LOST,
                                "rank %d: slot %d's replica, server rank %d, was lost too", ps->rank,
@@ -310,27 +313,15 @@ static terse_status fail_over(terse_ps *ps, int s, size_t cur, int cur_pushes) {
  * replica too (it waits for every worker's goodbye, in case it takes
  * over). A server found lost has nothing to be told. */
 static terse_status finish_replicated(terse_ps *ps) {
-    for (int s = 0; s < ps->nservers; s++) {
-        for (int pass = 0; pass < 2; pass++) {
-            int was = ps->target[s];
-            if (pass == 1) { /* the replica's conversation about slot s */
-                if (was != s) break; /* it is the slot's server already: done in pass 0 */
-                ps->target[s] = backup_of(ps, s);
-            }
+    for (int s = 0; s < ps->nservers; s++)
+        for (int to_replica = 0; to_replica < 2; to_replica++) {
+            /* once the slot moved, its server is the replica: told already */
+            if (to_replica && ps->target[s] != s) break;
             terse__ps_hdr h = {TERSE__PS_FINISH, 0, 0, 0, 0, 0, 0, 1.0f, 0};
             uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
-            uint64_t seq = ps->seq[s];
-            if (pass == 1) ps->seq[s] = ps->mseq[s];
-            terse_status st = one_request(ps, s, &h, NULL, failed, 1);
-            ps->target[s] = was;
-            if (pass == 1) {
-                ps->mseq[s] = ps->seq[s];
-                ps->seq[s] = seq;
-            }
-            if (failed[s]) continue; /* lost: nothing to tell it */
-            if (st != TERSE_OK) return st;
+            terse_status st = one_request(ps, s, &h, NULL, failed, 1, to_replica, NULL);
+            if (!failed[s] && st != TERSE_OK) return st; /* lost: nothing to tell it */
         }
-    }
     return TERSE_OK;
 }
 
@@ -620,26 +611,15 @@ terse_status terse__ps_test_raw_replica(terse_ps *ps, int slot, terse__ps_hdr *h
     if (ps->cfg.replicas != 2 || slot < 0 || slot >= ps->nservers || ps->target[slot] != slot)
         return TERSE_ERROR(TERSE_ERR_INVALID, "test_raw_replica: no replica conversation for "
                                               "slot %d", slot);
-    uint8_t hb[TERSE__PS_HDR_BYTES], rb[TERSE__PS_REP_BYTES];
-    terse__fabric_req q[3];
-    int qs[3] = {slot, slot, slot};
-    size_t nq = 0;
-    int b = backup_of(ps, slot);
-    h->seq = ps->mseq[slot];
-    terse__ps_put_hdr(hb, h);
-    terse_comm *c = ps->comm;
-    TERSE_CHECK(terse__comm_irecv(c, b, terse__ps_tag(slot, TERSE__PS_TAG_REP, h->seq), rb,
-                                  sizeof rb, TERSE__BYTES_FRAMING, &q[nq++]));
-    TERSE_CHECK(terse__comm_isend(c, b, terse__ps_tag(slot, TERSE__PS_TAG_HDR, h->seq), hb,
-                                  sizeof hb, TERSE__BYTES_FRAMING, &q[nq++]));
-    if (len)
-        TERSE_CHECK(terse__comm_isend(c, b, terse__ps_tag(slot, TERSE__PS_TAG_DATA, h->seq),
-                                      payload, len, TERSE__BYTES_PAYLOAD, &q[nq++]));
     uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
-    TERSE_CHECK(wait_slots(ps, q, nq, qs, failed, 1));
-    if (failed[slot]) return TERSE_ERROR(TERSE_ERR_PEER_LOST, "test_raw_replica: rank %d lost", b);
-    ps->mseq[slot]++;
-    return terse__ps_get_rep(rb, rep);
+    h->payload_len = len;
+    memset(rep, 0, sizeof *rep);
+    rep->status = (terse_status)-1; /* until a reply fills it */
+    terse_status st = one_request(ps, slot, h, payload, failed, 1, 1, rep);
+    if (failed[slot])
+        return TERSE_ERROR(TERSE_ERR_PEER_LOST, "test_raw_replica: rank %d lost",
+                           backup_of(ps, slot));
+    return rep->status == (terse_status)-1 ? st : TERSE_OK; /* a refusal is in *rep */
 }
 
 terse_status terse__ps_test_raw(terse_ps *ps, int server, terse__ps_hdr *h, const void *payload,
