@@ -160,7 +160,48 @@ static terse_status setup_wire(terse_comm *c, const char *token, uint64_t deadli
     if (!all) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating wire nonces", c->rank);
     terse_status s = terse__store_allgather(c->store, mine, sizeof mine, all, left_ms(c, deadline));
     if (s == TERSE_OK) s = terse__fabric_set_keys(c->fabric, token, all, c->params.wire == 3);
+    memcpy(c->wire_nonce, mine, sizeof mine);
     free(all);
+    return s;
+}
+
+/* A replacement's announcement, relayed by the store to every other rank
+ * as a BACK notice: u32 name length, the endpoint name, u8 1 and the wire
+ * nonce with mac (0 without). The others take it in take_back(). */
+#define BACK_BYTES (4 + NAME_BYTES + 1 + TERSE__WIRE_NONCE)
+static terse_status announce_back(terse_comm *c) {
+    uint8_t b[BACK_BYTES] = {0};
+    size_t len = NAME_BYTES;
+    TERSE_CHECK(terse__fabric_name(c->fabric, b + 4, &len));
+    terse__put_u32(b, (uint32_t)len);
+    b[4 + NAME_BYTES] = (uint8_t)c->wire_mac;
+    if (c->wire_mac) memcpy(b + 5 + NAME_BYTES, c->wire_nonce, TERSE__WIRE_NONCE);
+    c->rejoined = 1;
+    return terse__store_announce_back(c->store, b, sizeof b);
+}
+
+terse_status terse__comm_take_back(terse_comm *c, int *rank) {
+    *rank = -1;
+    if (!c->store) return TERSE_OK;
+    terse__store_back *n = terse__store_take_back(c->store);
+    if (!n) return TERSE_OK;
+    terse_status s = TERSE_OK;
+    uint32_t len = n->len == BACK_BYTES ? terse__get_u32(n->blob) : 0;
+    int mac = n->len == BACK_BYTES ? n->blob[4 + NAME_BYTES] : -1;
+    if (len == 0 || len > NAME_BYTES || mac != c->wire_mac)
+        s = TERSE_ERROR(TERSE_ERR_CORRUPT,
+                        "rank %d: the announcement of rank %d's replacement is malformed (%zu "
+                        "bytes, name %u bytes, mac %d here %d)",
+                        c->rank, n->rank, n->len, len, mac, c->wire_mac);
+    else
+        s = terse__fabric_replace_peer(c->fabric, n->rank, n->blob + 4, len,
+                                       n->blob + 5 + NAME_BYTES);
+    if (s == TERSE_OK) {
+        *rank = n->rank;
+        fprintf(stderr, "terse: rank %d: rank %d is back (a replacement, incarnation %u)\n",
+                c->rank, n->rank, n->incarnation);
+    }
+    free(n);
     return s;
 }
 
@@ -197,8 +238,8 @@ terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out) 
     const uint64_t deadline = terse__now_ns() + (uint64_t)L.init_timeout_ms * 1000000ull;
     int same = 1;
     if (c->nranks > 1) {
-        TERSE_CHECK_GOTO(terse__store_open(L.addr, c->rank, c->nranks, L.token,
-                                           left_ms(c, deadline), &c->store),
+        TERSE_CHECK_GOTO(terse__store_open_ex(L.addr, c->rank, c->nranks, L.token,
+                                              left_ms(c, deadline), L.rejoin, &c->store),
                          s, fail);
         s = terse__params_agree(c, left_ms(c, deadline));
         if (s == TERSE_ERR_INVALID) {
@@ -218,6 +259,7 @@ terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out) 
     if (c->nranks > 1) {
         TERSE_CHECK_GOTO(exchange_names(c, deadline), s, fail);
         TERSE_CHECK_GOTO(setup_wire(c, L.token, deadline), s, fail);
+        if (L.rejoin) TERSE_CHECK_GOTO(announce_back(c), s, fail);
     } else {
         uint8_t name[NAME_BYTES];
         size_t len = sizeof name;

@@ -140,6 +140,8 @@ struct terse_comm {
     _Atomic int abandoned; /* the watchdog gave up on a stuck executor */
     int watched;         /* shm: blocking calls too go to the progress thread */
     int wire_mac;        /* data messages carry MACs (TERSE_WIRE) */
+    int rejoined;        /* joined as a lost rank's replacement (TERSE_REJOIN) */
+    uint8_t wire_nonce[32]; /* this rank's, published at init (mac) */
     terse_request *running; /* what the executor holds */
     int inflight;        /* requests started and not yet done */
     int waiters;         /* threads inside drive() */
@@ -206,6 +208,11 @@ terse_status terse__comm_wait(terse_comm *c, terse__fabric_req *reqs, size_t n);
  * for work between waits, e.g. a codec's next piece), with the same
  * liveness, abort and failure handling as terse__comm_wait. */
 terse_status terse__comm_progress(terse_comm *c);
+/* The next lost rank the store announced back (a replacement joined as
+ * it): its new address and keys are installed in the fabric and *rank is
+ * set; -1 if none is waiting. Call on the thread that drives the fabric,
+ * after terse__store_poll_lost took the notices in. */
+terse_status terse__comm_take_back(terse_comm *c, int *rank);
 
 /* Scratch buffer `slot` of at least `bytes` (64-byte aligned), or NULL
  * after recording TERSE_ERR_NOMEM. Contents are not preserved across

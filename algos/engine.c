@@ -127,8 +127,20 @@ static int comm_broken(terse_comm *c) {
 
 /* Run one ordinary request between begin and end; after a failure leave
  * nothing posted. */
+/* A replacement rank (TERSE_REJOIN) joined after the others' collectives
+ * moved on without it: it may serve a parameter server, nothing else. */
+static terse_status refuse_rejoined(const terse_comm *c, const char *what) {
+    return TERSE_ERROR(TERSE_ERR_INVALID,
+                       "%s on rank %d: this rank rejoined a running job as a lost rank's "
+                       "replacement; the others' collectives went on without it, so it can "
+                       "only serve a parameter server",
+                       what, c->rank);
+}
+
 static terse_status run_one(terse_comm *c, terse_request *r) {
     if (comm_broken(c)) return not_run(c, r);
+    if (c->rejoined && r->kind != TERSE__OP_EXT)
+        return refuse_rejoined(c, terse__engine_kind_name(r->kind));
     terse_status s = terse__comm_begin(c, terse__engine_kind_name(r->kind));
     if (s != TERSE_OK) return s;
     int keep_usable = 0;
@@ -216,6 +228,7 @@ static terse_status run_fused(terse_comm *c, terse_request **members, size_t cou
     for (size_t i = 0; i < count; i++) {
         if (taken[i] || !fusable(members[i], c)) continue;
         if (comm_broken(c)) return not_run(c, members[i]);
+        if (c->rejoined) return refuse_rejoined(c, "terse_group_end");
         TERSE_CHECK(terse__comm_begin(c, "terse_group_end"));
         terse_status s = terse__comm_end(c, fuse_batch(c, members, count, i, taken), 0);
         if (s != TERSE_OK) {

@@ -287,9 +287,10 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     ps->target = calloc(S, sizeof *ps->target);
     ps->epoch = calloc(S, sizeof *ps->epoch);
     ps->mseq = calloc(S, sizeof *ps->mseq);
+    ps->stale = calloc(S, 1);
     ps->backup = -1;
     for (size_t i = 0; ps->target && i < S; i++) ps->target[i] = (int)i;
-    if (!ps->target || !ps->epoch || !ps->mseq || !ps->placed || !ps->seq || !ps->sbuf || !ps->sbuf_cap || !ps->rbuf || !ps->rbuf_cap ||
+    if (!ps->target || !ps->epoch || !ps->mseq || !ps->stale || !ps->placed || !ps->seq || !ps->sbuf || !ps->sbuf_cap || !ps->rbuf || !ps->rbuf_cap ||
         !ps->whdr || !ps->wrep || !ps->reps || (ps->is_server && !ps->peers) || !ps->inputs ||
         !ps->wts) {
         s = TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_create: no memory");
@@ -298,6 +299,19 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
     TERSE_CHECK_GOTO(terse__ps_ring_build(ps), s, fail);
     if (comm->nranks > 1) TERSE_CHECK_GOTO(agree(ps), s, fail);
     if (ps->is_server && ps->cfg.replicas == 2) TERSE_CHECK_GOTO(terse__ps_mirror_create(ps), s, fail);
+    if (comm->rejoined) {
+        if (!ps->mirror)
+            TERSE_FAIL_GOTO(s, fail, TERSE_ERR_INVALID,
+                            "terse_ps_create on rank %d: this rank rejoined as a lost rank's "
+                            "replacement (TERSE_REJOIN), which only a server of a parameter "
+                            "server with replicas 2 can be (this rank is a %s, replicas %d)",
+                            ps->rank, ps->is_server ? "server" : "worker", ps->cfg.replicas);
+        /* Its slot comes back from its replica, its mirror's from that
+         * slot's head (ps_replica.c); until then it holds requests. */
+        ps->awaiting = ps->catching = 1;
+        ps->repl_src = (ps->rank + 1) % ps->nservers;
+        ps->mirror->catching = 1;
+    }
     /* A worker with replicas survives a server's death: its failed
      * transfers must not fail the fabric (ps_worker.c). */
     if (ps->is_server || ps->cfg.replicas == 2) terse__fabric_set_tolerant(comm->fabric);
@@ -507,12 +521,13 @@ void terse_ps_free(terse_ps *ps) {
     terse__ps_mirror_free(ps);
     for (size_t i = 0; i < ps->nkeys; i++) key_free(ps, ps->keys[i]);
     terse__ps_worker_free(ps);
-    free(ps->target), free(ps->epoch), free(ps->mseq);
+    free(ps->target), free(ps->epoch), free(ps->mseq), free(ps->stale);
     free(ps->keys);
     free(ps->placed), free(ps->seq);
     free(ps->sbuf_cap), free(ps->rbuf_cap), free(ps->sbuf), free(ps->rbuf);
     free(ps->whdr), free(ps->wrep), free(ps->reps);
     free(ps->peers), free(ps->inputs), free(ps->wts), free(ps->scratch);
+    free(ps->caught), free(ps->roster), free(ps->rbuf_state);
     free(ps->ring_hash), free(ps->ring_server);
     if (ps->quorum_log) fclose(ps->quorum_log);
     free(ps);

@@ -58,7 +58,7 @@ typedef struct terse__ps_hdr {
     uint64_t nfloats;   /* floats of the key on this server */
     uint32_t decl_hash; /* the worker's declaration of the key */
     float weight;       /* push: its weight in a weighted mean (1: unweighted) */
-    uint32_t epoch;     /* replicas 2: 0 to the slot's head, 1 to its replica */
+    uint32_t epoch;     /* replicas 2: the slot's epoch (0 at its head; each move adds 1) */
 } terse__ps_hdr;
 
 /* A reply header, decoded. */
@@ -123,6 +123,8 @@ typedef struct terse__ps_shard {
     size_t repl_cap;
     uint8_t ack[16];
     terse__fabric_req repl_hreq, repl_dreq, ack_req;
+    uint8_t rack[16];           /* replica side: the ack it sends back */
+    terse__fabric_req rack_req;
 } terse__ps_shard;
 
 typedef struct terse__ps_key {
@@ -305,12 +307,42 @@ struct terse_ps {
     uint8_t *rbuf_state;
     size_t rstate_cap;
     terse__fabric_req rhreq, rdreq;
+    int listening;        /* replica side: its first header is posted */
+    /* Epochs and replacements (TERSE_REJOIN). A slot's epoch counts its
+     * moves: even epochs are served by its head (rank s), odd ones by its
+     * replica (rank s + 1 mod S); a failover and a hand-back each add one. */
+    uint32_t epoch_cur;   /* server instance: the epoch its requests carry */
+    uint32_t moved_epoch; /* mirror: the slot was handed back at this epoch
+                             (0: never); older requests are told MOVED */
+    uint32_t moved_inc;   /* ...to this incarnation of the slot's head */
+    int handing;          /* mirror: the hand-back's acks are still due */
+    int awaiting;         /* a replacement's head: the slot's state is due */
+    int catching;         /* replica side: keys not yet received take any version */
+    int took_over;        /* serves a slot after its earlier server: a resend of
+                             a push already applied is answered as a duplicate */
+    int repl_src;         /* replica side: the rank whose replication it takes */
+    uint32_t repl_epoch;  /* head side: the epoch its replication headers carry */
+    int backup_fresh;     /* head: its replica is a replacement (told DONE at the end) */
+    uint8_t *caught;      /* replica side, catching: per key, received */
+    size_t ncaught;
+    uint8_t roster_hdr[TERSE__PS_HDR_BYTES]; /* head side: the roster on its way */
+    uint8_t *roster;
+    terse__fabric_req roster_hreq, roster_dreq;
     /* worker, replicas 2: per slot, the rank serving it, the epoch, and the
-     * next message number of the conversation with the slot's replica */
+     * next message number of the conversation with the slot's other server;
+     * stale: the serving rank was replaced (its process died unnoticed) */
     int *target;
     uint32_t *epoch;
     uint64_t *mseq;
+    uint8_t *stale;
 };
+
+/* A reply status of the protocol's own (never a terse_status a caller
+ * sees): the slot moved back to its head's replacement. The reply's
+ * version is the new epoch, its staleness the head's incarnation. */
+#define TERSE__PS_MOVED 63
+/* A slot moves at most this often (each failover and hand-back is one). */
+#define TERSE__PS_MAX_EPOCH 1024u
 
 /* Room for one more key in ps->keys (ps.c). */
 terse_status terse__ps_keys_reserve(terse_ps *ps);
@@ -326,6 +358,18 @@ terse_status terse__ps_repl_progress(terse_ps *ps);
 /* Head: its replica was lost; the chain is the head alone from now on. */
 terse_status terse__ps_backup_lost(terse_ps *ps, const char *how, int maybe_alive);
 void terse__ps_repl_cancel(terse_ps *ps);
+/* Replacements. Mirror: give the slot back to its head's replacement
+ * (incarnation inc): the state of every key at its last closed step goes
+ * there, and older requests are told MOVED from now on. Head: its replica's
+ * replacement r catches up (the roster, then every key's state). */
+terse_status terse__ps_hand_back(terse_ps *m, uint32_t inc);
+terse_status terse__ps_backup_add(terse_ps *ps, int r);
+/* Head: tell a replacement replica that serving ended (every worker done). */
+void terse__ps_tell_done(terse_ps *ps);
+/* ps_server.c, for ps_replica.c: a roster (per rank: bit 0 finished) and
+ * the end of a replacement's wait for its slot. */
+terse_status terse__ps_take_roster(terse_ps *ps, const uint8_t *roster);
+terse_status terse__ps_caught_up(terse_ps *ps);
 /* ps_server.c, for ps_replica.c */
 terse_status terse__ps_wake(terse_ps *ps, size_t key);
 terse_status terse__ps_maybe_close(terse_ps *ps, size_t key);

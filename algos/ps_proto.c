@@ -55,8 +55,9 @@ terse_status terse__ps_get_hdr(const uint8_t *b, terse__ps_hdr *h) {
     h->nfloats = terse__get_u64(b + 40);
     h->decl_hash = terse__get_u32(b + 48);
     h->epoch = terse__get_u32(b + 56);
-    if (h->epoch > 1)
-        return TERSE_ERROR(TERSE_ERR_CORRUPT, "request header has epoch %u (0 or 1)", h->epoch);
+    if (h->epoch > TERSE__PS_MAX_EPOCH)
+        return TERSE_ERROR(TERSE_ERR_CORRUPT, "request header has epoch %u (at most %u)",
+                           h->epoch, TERSE__PS_MAX_EPOCH);
     uint32_t wbits = terse__get_u32(b + 52);
     h->weight = 1.0f;
     if (wbits) memcpy(&h->weight, &wbits, 4);

@@ -42,15 +42,15 @@ enum { P_HDR, P_DATA, P_DRAIN, P_PARKED, P_REPLY, P_DONE, P_HOLD };
 /* Kinds of refusal, for counting and log-once. */
 enum {
     R_KEY, R_SIZE, R_STEP, R_CLOSED, R_ROLE, R_CORRUPT, R_STALE, R_LATE, R_TIMEOUT, R_LOST,
-    R_NONFINITE
+    R_NONFINITE, R_MOVED
 };
 static const char *const kind_text[] = {"key",     "size",  "step",  "closed step",
                                         "role",    "corrupt", "stale", "late",
-                                        "timeout", "lost",  "non-finite"};
+                                        "timeout", "lost",  "non-finite", "moved"};
 static const terse_status kind_status[] = {
     TERSE_ERR_INVALID, TERSE_ERR_SHAPE,   TERSE_ERR_INVALID, TERSE_ERR_STALE,
     TERSE_ERR_INVALID, TERSE_ERR_CORRUPT, TERSE_ERR_STALE,   TERSE_ERR_STALE,
-    TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST, TERSE_ERR_NONFINITE};
+    TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST, TERSE_ERR_NONFINITE, (terse_status)TERSE__PS_MOVED};
 
 /* ---------------------------------------------------------------- shards */
 
@@ -200,6 +200,9 @@ static terse_status TERSE__PRINTF(4, 5)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     count(ps, kind);
+    if (kind == R_MOVED) /* not a refusal: where the slot went, and who serves it */
+        return send_reply(ps, w, (terse_status)TERSE__PS_MOVED, ps->moved_epoch, NULL,
+                          ps->moved_inc, text);
     if (!(ps->logged & (1u << kind))) {
         ps->logged |= 1u << kind;
         fprintf(stderr,
@@ -237,6 +240,12 @@ static terse_status TERSE__PRINTF(4, 5)
     p->since_ns = terse__now_ns();
     return terse__fabric_irecv_sink(ps->comm->fabric, w, terse__ps_tag(ps->slot, TERSE__PS_TAG_DATA, p->seq),
                                     p->drain, len, &p->preq);
+}
+
+/* The slot went back to its head's replacement: say so (MOVED). */
+static terse_status moved(terse_ps *ps, int w) {
+    return refuse(ps, w, R_MOVED, "slot %d went back to its head's replacement, server rank %d "
+                  "(epoch %u)", ps->slot, ps->slot, ps->moved_epoch);
 }
 
 /* The current version's pull payload, encoded once and shared by every
@@ -449,6 +458,7 @@ static terse_status handle_push(terse_ps *ps, int w) {
     const uint64_t clock = p->h.clock;
     const int then_pull = p->h.op == TERSE__PS_PUSHPULL;
     if (ps->broken[0]) return refuse(ps, w, R_LOST, "%s", ps->broken);
+    if (ps->moved_epoch && p->h.epoch < ps->moved_epoch) return moved(ps, w);
     if (p->h.weight != 1.0f &&
         (ps->cfg.mode != TERSE_PS_SYNC || ps->agg->aggregate != terse__ps_agg_mean))
         return refuse(ps, w, R_STEP,
@@ -458,7 +468,7 @@ static terse_status handle_push(terse_ps *ps, int w) {
     if (ps->cfg.mode == TERSE_PS_SYNC) {
         /* With a quorum or a deadline the dead head may have closed the
          * step without it: a resend of a closed step is then late. */
-        if (ps->promoted && (sh->has[w] || (clock < sh->version && !ps->cfg.quorum &&
+        if (ps->took_over && (sh->has[w] || (clock < sh->version && !ps->cfg.quorum &&
                                             !ps->cfg.deadline_ms))) {
             /* a resend of a push the dead head applied (or this one has) */
             ps->stats.duplicates++;
@@ -578,18 +588,33 @@ static terse_status handle_header(terse_ps *ps, int w) {
                             (double)h.weight);
     if (h.weight != 1.0f && h.op != TERSE__PS_PUSH && h.op != TERSE__PS_PUSHPULL)
         return refuse_drain(ps, w, R_CORRUPT, "a weight on a request that pushes nothing");
-    if (h.op != TERSE__PS_FINISH && h.epoch != (uint32_t)(ps->slot != ps->rank))
+    const int finish = h.op == TERSE__PS_FINISH;
+    if (!finish && ps->moved_epoch && h.epoch < ps->moved_epoch)
+        return refuse_drain(ps, w, R_MOVED,
+                            "slot %d went back to its head's replacement, server rank %d "
+                            "(epoch %u)",
+                            ps->slot, ps->slot, ps->moved_epoch);
+    if (!finish && ps->awaiting) { /* a replacement: until its slot's state is in */
+        p->state = P_HOLD;
+        p->parked_ns = terse__now_ns();
+        return TERSE_OK;
+    }
+    if (!finish && h.epoch != ps->epoch_cur)
         return refuse_drain(ps, w, R_STEP,
-                            "a request of epoch %u for slot %d on rank %d, which %s", h.epoch,
-                            ps->slot, ps->rank,
-                            ps->slot == ps->rank ? "is the slot's head (epoch 0)"
-                                                 : "is the slot's replica (epoch 1)");
-    if (h.op != TERSE__PS_FINISH && ps->abandoned && ps->promoted)
+                            "a request of epoch %u for slot %d on rank %d, which is the slot's %s "
+                            "(epoch %u)",
+                            h.epoch, ps->slot, ps->rank,
+                            ps->slot == ps->rank ? "head" : "replica", ps->epoch_cur);
+    if (!finish && ps->abandoned && ps->promoted)
         return refuse_drain(ps, w, R_LOST,
-                            "slot %d is lost: its head, server rank %d, stopped replicating to "
-                            "its replica here (rank %d did not acknowledge in time) and then died",
+                            ps->abandoned == 2
+                                ? "slot %d is lost: its head, server rank %d, died before its "
+                                  "replica here (rank %d, a replacement) had caught up"
+                                : "slot %d is lost: its head, server rank %d, stopped "
+                                  "replicating to its replica here (rank %d did not acknowledge "
+                                  "in time) and then died",
                             ps->slot, ps->slot, ps->rank);
-    if (h.op != TERSE__PS_FINISH && ps->slot != ps->rank && !ps->promoted) {
+    if (!finish && ps->slot != ps->rank && !ps->promoted) {
         p->state = P_HOLD; /* until the head's loss is announced */
         p->parked_ns = terse__now_ns();
         return TERSE_OK;
@@ -712,7 +737,22 @@ static terse_status promote(terse_ps *ps) {
     terse__fabric *f = ps->comm->fabric;
     if (!terse__fabric_cancel(f, &m->rhreq)) (void)terse__fabric_give_up(f, &m->rhreq);
     if (!terse__fabric_cancel(f, &m->rdreq)) (void)terse__fabric_give_up(f, &m->rdreq);
+    if (m->handing) { /* the replacement died while the slot went back to it */
+        for (size_t k = 0; k < m->nkeys; k++) {
+            terse__ps_shard *sh = m->keys[k]->shard;
+            terse__fabric_req *r[3] = {sh ? &sh->ack_req : NULL, sh ? &sh->repl_hreq : NULL,
+                                       sh ? &sh->repl_dreq : NULL};
+            for (int i = 0; sh && i < 3; i++)
+                if (!terse__fabric_cancel(f, r[i])) (void)terse__fabric_give_up(f, r[i]);
+            if (sh) sh->repl_pending = 0;
+        }
+        m->handing = 0;
+        m->backup = -1;
+    }
+    if (m->catching && !m->abandoned) m->abandoned = 2; /* it never had the whole slot */
     m->promoted = 1;
+    m->took_over = 1;
+    m->listening = 0;
     m->stats.takeovers += !m->abandoned;
     uint64_t now = terse__now_ns(), step = 0;
     m->heard_ns = now;
@@ -736,28 +776,114 @@ static terse_status promote(terse_ps *ps) {
     return TERSE_OK;
 }
 
-/* replicas 2: a server was lost. The mirror's head: take over; this
- * head's replica: go on alone. */
-static terse_status poll_servers(terse_ps *ps) {
-    if (!ps->comm->store || (!ps->mirror && ps->backup < 0)) return TERSE_OK;
-    const uint8_t *lost = NULL;
-    TERSE_CHECK(terse__store_poll_lost(ps->comm->store, &lost));
-    if (ps->mirror && !ps->mirror->promoted && lost[ps->mirror->slot]) TERSE_CHECK(promote(ps));
-    if (ps->backup >= 0 && lost[ps->backup])
-        TERSE_CHECK(terse__ps_backup_lost(ps, "the bootstrap store announced its loss", 0));
+/* replicas 2: server rank r is back (a replacement joined as it). The
+ * mirror's head: give the slot back; this head's replica: catch it up. A
+ * rank lost and back between two polls is both at once. */
+static terse_status on_back(terse_ps *ps, int r) {
+    terse_ps *m = ps->mirror;
+    if (r >= ps->nservers) return TERSE_OK; /* a worker's replacement is not served */
+    if (m && r == m->slot) {
+        if (!m->promoted) TERSE_CHECK(promote(ps));
+        if (m->abandoned) {
+            fprintf(stderr, "terse: parameter server rank %d: server rank %d is back, but slot %d "
+                            "was lost here: nothing to give back\n",
+                    ps->rank, r, r);
+        } else {
+            TERSE_CHECK(terse__ps_hand_back(m, terse__store_incarnation(ps->comm->store, r)));
+            for (int w = m->nservers; w < m->nranks; w++) {
+                terse__ps_peer *p = &m->peers[w];
+                if (p->lost) continue;
+                if (p->state == P_PARKED) TERSE_CHECK(moved(m, w));
+                else if (p->state == P_HOLD) TERSE_CHECK(handle_header(m, w));
+            }
+        }
+    }
+    if (r == (ps->rank + 1) % ps->nservers) {
+        if (ps->backup >= 0)
+            TERSE_CHECK(terse__ps_backup_lost(ps, "a replacement joined as it", 0));
+        TERSE_CHECK(terse__ps_backup_add(ps, r));
+    }
     return TERSE_OK;
 }
 
-/* An unpromoted replica's held requests: its head is alive after all. */
+/* replicas 2: a server was lost. The mirror's head: take over; this
+ * head's replica: go on alone. A server back: on_back. */
+static terse_status poll_servers(terse_ps *ps) {
+    if (!ps->comm->store || !ps->mirror) return TERSE_OK;
+    const uint8_t *lost = NULL;
+    TERSE_CHECK(terse__store_poll_lost(ps->comm->store, &lost));
+    if (!ps->mirror->promoted && lost[ps->mirror->slot]) TERSE_CHECK(promote(ps));
+    if (ps->backup >= 0 && lost[ps->backup])
+        TERSE_CHECK(terse__ps_backup_lost(ps, "the bootstrap store announced its loss", 0));
+    for (;;) {
+        int r = -1;
+        TERSE_CHECK(terse__comm_take_back(ps->comm, &r));
+        if (r < 0) return TERSE_OK;
+        TERSE_CHECK(on_back(ps, r));
+    }
+}
+
+/* A roster from the slot's other server: the workers it lists as finished
+ * said goodbye there before this instance could hear it. */
+terse_status terse__ps_take_roster(terse_ps *ps, const uint8_t *roster) {
+    terse__fabric *f = ps->comm->fabric;
+    int any = 0;
+    for (int w = ps->nservers; w < ps->nranks; w++) {
+        terse__ps_peer *p = &ps->peers[w];
+        if (!(roster[w] & 1) || p->finished || p->lost) continue;
+        p->finished = 1;
+        any = 1;
+        if (p->state != P_HDR) continue; /* a conversation under way ends on its own */
+        if (!terse__fabric_cancel(f, &p->hreq)) (void)terse__fabric_give_up(f, &p->hreq);
+        p->state = P_DONE;
+    }
+    if (!any || ps->awaiting || (ps->slot != ps->rank && !ps->promoted)) return TERSE_OK;
+    for (size_t k = 0; k < ps->nkeys; k++)
+        if (ps->keys[k]->shard) TERSE_CHECK(terse__ps_maybe_close(ps, k));
+    return TERSE_OK;
+}
+
+/* A replacement's head has its slot's state: serve it from here on. */
+terse_status terse__ps_caught_up(terse_ps *ps) {
+    if (!ps->awaiting) return TERSE_OK; /* a replica caught up: nothing more */
+    ps->awaiting = 0;
+    ps->took_over = 1;
+    ps->listening = 0;
+    ps->backup = (ps->rank + 1) % ps->nservers;
+    ps->rseq = 0;
+    uint64_t now = terse__now_ns(), step = 0;
+    ps->heard_ns = now;
+    for (size_t k = 0; k < ps->nkeys; k++)
+        if (ps->keys[k]->shard) {
+            ps->keys[k]->shard->opened_ns = now;
+            step = ps->keys[k]->shard->version;
+        }
+    fprintf(stderr,
+            "terse: parameter server rank %d (a replacement) has slot %d back from server rank "
+            "%d, at step %llu (epoch %u)\n",
+            ps->rank, ps->slot, ps->repl_src, (unsigned long long)step, ps->epoch_cur);
+    for (int w = ps->nservers; w < ps->nranks; w++)
+        if (ps->peers[w].state == P_HOLD) TERSE_CHECK(handle_header(ps, w));
+    return TERSE_OK;
+}
+
+/* Held requests: an unpromoted replica's (its head is alive after all),
+ * or a replacement's whose slot never came back. */
 static terse_status expire_held(terse_ps *ps, uint64_t now) {
     uint64_t limit = (uint64_t)ps->comm->timeout_ms * 750000ull;
     for (int w = ps->nservers; w < ps->nranks; w++) {
         terse__ps_peer *p = &ps->peers[w];
         if (p->state != P_HOLD || now < p->parked_ns || now - p->parked_ns < limit) continue;
-        TERSE_CHECK(refuse_drain(ps, w, R_ROLE,
-                                 "rank %d holds slot %d's replica, and the slot's head, server "
-                                 "rank %d, was not lost: send it there",
-                                 ps->rank, ps->slot, ps->slot));
+        if (ps->awaiting)
+            TERSE_CHECK(refuse_drain(ps, w, R_LOST,
+                                     "rank %d replaces slot %d's head, and the slot's state never "
+                                     "came back to it from server rank %d",
+                                     ps->rank, ps->slot, ps->repl_src));
+        else
+            TERSE_CHECK(refuse_drain(ps, w, R_ROLE,
+                                     "rank %d holds slot %d's replica, and the slot's head, "
+                                     "server rank %d, was not lost: send it there",
+                                     ps->rank, ps->slot, ps->slot));
     }
     return TERSE_OK;
 }
@@ -767,7 +893,7 @@ static terse_status expire_held(terse_ps *ps, uint64_t now) {
  * timeout fires. */
 /* sync deadline_ms: close every step open for longer, with what it has. */
 static terse_status close_overdue(terse_ps *ps, uint64_t now) {
-    if (ps->cfg.mode != TERSE_PS_SYNC || !ps->cfg.deadline_ms) return TERSE_OK;
+    if (ps->cfg.mode != TERSE_PS_SYNC || !ps->cfg.deadline_ms || ps->awaiting) return TERSE_OK;
     const uint64_t limit = (uint64_t)ps->cfg.deadline_ms * 1000000ull;
     for (size_t key = 0; key < ps->nkeys; key++) {
         terse__ps_shard *sh = ps->keys[key]->shard;
@@ -844,7 +970,7 @@ static terse_status expire_stuck(terse_ps *ps, uint64_t now) {
  * between requests. Serving ends with TERSE_ERR_TIMEOUT naming them. */
 static terse_status check_silence(terse_ps *ps, uint64_t now) {
     uint64_t limit = (uint64_t)ps->comm->timeout_ms * 1000000ull;
-    if (now < ps->heard_ns || now - ps->heard_ns < limit) return TERSE_OK;
+    if (ps->awaiting || now < ps->heard_ns || now - ps->heard_ns < limit) return TERSE_OK;
     char who[160];
     size_t n = 0;
     who[0] = 0;
@@ -874,6 +1000,10 @@ static terse_status step_peer(terse_ps *ps, int w) {
         if (p->hreq.error == TERSE_ERR_PEER_LOST) {
             mark_lost(ps, w, terse__comm_last_sentence());
             return after_loss(ps);
+        }
+        if (p->hreq.error && !is_worker(ps, w)) { /* a server that died or was replaced */
+            p->lost = 1;
+            return TERSE_OK;
         }
         ps->heard_ns = terse__now_ns();
         if (p->hreq.error) return refuse(ps, w, R_CORRUPT, "a request header of the wrong size");
@@ -1005,6 +1135,7 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
             /* the mirror learns losses too: a dead worker's goodbye never comes */
             if (s == TERSE_OK && m) s = poll_losses(m);
             if (s == TERSE_OK && m && !m->promoted) s = expire_held(m, now);
+            if (s == TERSE_OK && ps->awaiting) s = expire_held(ps, now);
             if (s == TERSE_OK && m && m->promoted) s = close_overdue(m, now);
             if (s == TERSE_OK && m && m->promoted) s = expire_parked(m, now);
             if (s == TERSE_OK && m) s = expire_stuck(m, now);
@@ -1020,6 +1151,7 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
             sched_yield();
         }
     }
+    if (s == TERSE_OK) terse__ps_tell_done(ps);
     char why[512];
     snprintf(why, sizeof why, "%s", terse_last_error());
     terse__ps_repl_cancel(ps);

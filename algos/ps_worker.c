@@ -129,9 +129,30 @@ static terse_status refused(terse_ps *ps, int op, size_t key, int s, const terse
 
 static int backup_of(const terse_ps *ps, int s) { return (s + 1) % ps->nservers; }
 
-/* replicas 2: slot s may still move to its replica. */
+/* The server of slot s that is not serving it now. */
+static int other(const terse_ps *ps, int s) {
+    return ps->target[s] == s ? backup_of(ps, s) : s;
+}
+
+/* replicas 2: slot s may still move to its other server. */
 static int can_fail_over(const terse_ps *ps, int s, const uint8_t *lost) {
-    return ps->cfg.replicas == 2 && ps->target[s] == s && !(lost && lost[backup_of(ps, s)]);
+    return ps->cfg.replicas == 2 && !(lost && lost[other(ps, s)]);
+}
+
+/* replicas 2: take in the replacements the store announced (the fabric
+ * learns their addresses). A conversation with a replaced rank starts over
+ * from message 0; a slot whose serving rank was replaced lost that process
+ * (unnoticed between two polls) and fails over. */
+static terse_status take_backs(terse_ps *ps) {
+    for (;;) {
+        int r = -1;
+        TERSE_CHECK(terse__comm_take_back(ps->comm, &r));
+        if (r < 0) return TERSE_OK;
+        for (int s = 0; s < ps->nservers; s++) {
+            if (other(ps, s) == r) ps->mseq[s] = 0;
+            if (ps->target[s] == r) ps->stale[s] = 1;
+        }
+    }
 }
 
 /* replicas 2: wait for reqs (qslot[i]: the slot each belongs to) in
@@ -160,13 +181,14 @@ static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, co
         if (c->store && now - last_poll >= 1000000ull) {
             last_poll = now;
             st = terse__store_poll_lost(c->store, &lost);
+            if (st == TERSE_OK) st = take_backs(ps);
             if (st != TERSE_OK) break;
         }
         int pending = 0;
         for (size_t i = 0; i < nq && st == TERSE_OK; i++) {
             int s = qslot[i], t = q[i].peer; /* the rank it goes to or comes from */
             if (failed[s]) continue;
-            int gone = lost && lost[t];
+            int gone = (lost && lost[t]) || (t == ps->target[s] && ps->stale[s]);
             int idle_req = terse__fabric_req_idle(f, &q[i]);
             if (!gone && !(idle_req && q[i].error)) {
                 pending |= !idle_req;
@@ -252,13 +274,13 @@ static terse_status one_request(terse_ps *ps, int s, const terse__ps_hdr *h0, co
     uint64_t *seq = to_replica ? &ps->mseq[s] : &ps->seq[s];
     terse__ps_hdr h = *h0;
     h.seq = *seq;
-    h.epoch = to_replica ? 1 : ps->epoch[s];
+    h.epoch = ps->epoch[s] + (to_replica != 0);
     uint8_t hb[TERSE__PS_HDR_BYTES], rb[TERSE__PS_REP_BYTES];
     terse__ps_put_hdr(hb, &h);
     terse__fabric_req q[3];
     int qs[3] = {s, s, s};
     size_t nq = 0;
-    int t = to_replica ? backup_of(ps, s) : ps->target[s];
+    int t = to_replica ? other(ps, s) : ps->target[s];
     TERSE_CHECK(terse__comm_irecv(c, t, terse__ps_tag(s, TERSE__PS_TAG_REP, h.seq), rb, sizeof rb,
                                   TERSE__BYTES_FRAMING, &q[nq++]));
     TERSE_CHECK(terse__comm_isend(c, t, terse__ps_tag(s, TERSE__PS_TAG_HDR, h.seq), hb, sizeof hb,
@@ -272,41 +294,98 @@ static terse_status one_request(terse_ps *ps, int s, const terse__ps_hdr *h0, co
     terse__ps_rep r;
     TERSE_CHECK(terse__ps_get_rep(rb, &r));
     if (rep) *rep = r;
+    if (r.status == (terse_status)TERSE__PS_MOVED) {
+        failed[s] = 2; /* the caller moves the slot and asks again */
+        return TERSE_OK;
+    }
     if (r.payload_len)
         return TERSE_ERROR(TERSE_ERR_CORRUPT, "rank %d: server rank %d answered with a payload",
                            ps->rank, t);
     return r.status == TERSE_OK ? TERSE_OK : TERSE_ERROR(r.status, "%s", r.text);
 }
 
-/* Slot s's head was lost: move the slot to its replica (epoch 1) and
- * resend every push no pull has covered there, in key order, but the one
- * the request under way (key cur, if it pushes) is about to send again. */
-static terse_status fail_over(terse_ps *ps, int s, size_t cur, int cur_pushes) {
-    int b = backup_of(ps, s);
-    fprintf(stderr,
-            "terse: rank %d: parameter server rank %d (slot %d) was lost; its replica, server "
-            "rank %d, serves the slot from now on\n",
-            ps->rank, s, s, b);
-    ps->target[s] = b;
-    ps->epoch[s] = 1;
-    ps->seq[s] = ps->mseq[s]; /* the conversation with the replica about slot s */
-    for (size_t key = 0; key < ps->nkeys; key++) {
-        terse__ps_key *k = ps->keys[key];
-        terse__ps_unacked *u = k->unacked ? &k->unacked[s] : NULL;
-        if (!u || !u->valid || (key == cur && cur_pushes)) continue;
-        terse__ps_hdr h = {TERSE__PS_PUSH, key, u->clock, u->len, 0, k->srv_floats[s],
-                           k->decl_hash, u->weight, 1};
-        uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
-        terse_status st = one_request(ps, s, &h, u->buf, failed, 1, 0, NULL);
-        if (failed[s])
-            return TERSE_ERROR(TERSE_ERR_PEER_LOST,
-                               "rank %d: slot %d's replica, server rank %d, was lost too", ps->rank,
-                               s, b);
-        /* A refusal (a quorum that closed the step without it) drops it,
-         * as the head would have. */
-        if (st != TERSE_OK && st != TERSE_ERR_STALE && st != TERSE_ERR_NONFINITE) return st;
+/* Wait until the store has announced rank r's incarnation inc here (a
+ * server said the slot went back to it), its address in the fabric. */
+static terse_status await_incarnation(terse_ps *ps, int r, uint32_t inc) {
+    terse_comm *c = ps->comm;
+    const uint64_t until = terse__now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    for (;;) {
+        const uint8_t *lost = NULL;
+        TERSE_CHECK(terse__store_poll_lost(c->store, &lost));
+        TERSE_CHECK(take_backs(ps));
+        if (terse__store_incarnation(c->store, r) >= inc) return TERSE_OK;
+        if (terse__now_ns() >= until)
+            return TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                               "rank %d: a server moved slot %d back to server rank %d's "
+                               "replacement (incarnation %u), which the bootstrap store never "
+                               "announced here",
+                               ps->rank, r, r, inc);
+        struct timespec nap = {0, 1000000};
+        nanosleep(&nap, NULL);
     }
-    return TERSE_OK;
+}
+
+/* Slot s moves: its server was lost (why 1: to the slot's other server,
+ * next epoch), or it went back to its head's replacement (why 2: the reply
+ * gave the epoch and the head's incarnation). Then every push no pull has
+ * covered there is resent, in key order, but the one the request under way
+ * (key cur, if it pushes) is about to send again; a resend that meets
+ * another move moves again. */
+static terse_status move_slot(terse_ps *ps, int s, int why, uint32_t epoch, uint32_t inc,
+                              size_t cur, int cur_pushes) {
+    for (int moves = 0;; moves++) {
+        if (moves == 8)
+            return TERSE_ERROR(TERSE_ERR_PEER_LOST, "rank %d: slot %d moved 8 times in one "
+                                                    "request; giving up", ps->rank, s);
+        if (why == 1) {
+            const uint8_t *lost = NULL;
+            if (ps->comm->store) TERSE_CHECK(terse__store_poll_lost(ps->comm->store, &lost));
+            if (!can_fail_over(ps, s, lost))
+                return TERSE_ERROR(TERSE_ERR_PEER_LOST,
+                                   "rank %d: both servers of slot %d (ranks %d and %d) are lost",
+                                   ps->rank, s, s, backup_of(ps, s));
+            fprintf(stderr,
+                    "terse: rank %d: parameter server rank %d (slot %d) was lost; server rank %d "
+                    "serves the slot from now on\n",
+                    ps->rank, ps->target[s], s, other(ps, s));
+            ps->target[s] = other(ps, s);
+            ps->epoch[s]++;
+            ps->seq[s] = ps->mseq[s]; /* the conversation with the other server */
+            ps->mseq[s] = 0;          /* a replacement of the dead one starts over */
+        } else {
+            TERSE_CHECK(await_incarnation(ps, s, inc));
+            fprintf(stderr,
+                    "terse: rank %d: slot %d went back to server rank %d (a replacement, epoch "
+                    "%u)\n",
+                    ps->rank, s, s, epoch);
+            uint64_t q = ps->seq[s];
+            ps->seq[s] = ps->mseq[s]; /* 0 unless it already spoke to the replacement */
+            ps->mseq[s] = q;
+            ps->target[s] = s;
+            ps->epoch[s] = epoch;
+        }
+        ps->stale[s] = 0;
+        why = 0;
+        for (size_t key = 0; key < ps->nkeys && !why; key++) {
+            terse__ps_key *k = ps->keys[key];
+            terse__ps_unacked *u = k->unacked ? &k->unacked[s] : NULL;
+            if (!u || !u->valid || (key == cur && cur_pushes)) continue;
+            terse__ps_hdr h = {TERSE__PS_PUSH, key, u->clock, u->len, 0, k->srv_floats[s],
+                               k->decl_hash, u->weight, 0};
+            uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
+            terse__ps_rep rep;
+            memset(&rep, 0, sizeof rep);
+            terse_status st = one_request(ps, s, &h, u->buf, failed, 1, 0, &rep);
+            why = failed[s];
+            epoch = (uint32_t)rep.version;
+            inc = (uint32_t)rep.staleness;
+            /* A refusal (a quorum that closed the step without it) drops it,
+             * as the earlier server would have. */
+            if (!why && st != TERSE_OK && st != TERSE_ERR_STALE && st != TERSE_ERR_NONFINITE)
+                return st;
+        }
+        if (!why) return TERSE_OK;
+    }
 }
 
 /* replicas 2: finish with every slot's server, and with each live head's
@@ -314,12 +393,24 @@ static terse_status fail_over(terse_ps *ps, int s, size_t cur, int cur_pushes) {
  * over). A server found lost has nothing to be told. */
 static terse_status finish_replicated(terse_ps *ps) {
     for (int s = 0; s < ps->nservers; s++)
-        for (int to_replica = 0; to_replica < 2; to_replica++) {
-            /* once the slot moved, its server is the replica: told already */
-            if (to_replica && ps->target[s] != s) break;
+        for (int to_other = 0; to_other < 2; to_other++) {
+            const uint8_t *lost = NULL;
+            TERSE_CHECK(terse__store_poll_lost(ps->comm->store, &lost));
+            TERSE_CHECK(take_backs(ps));
+            if (to_other && lost[other(ps, s)]) break; /* dead: nothing to tell it */
+            if (!to_other && ps->stale[s]) TERSE_CHECK(move_slot(ps, s, 1, 0, 0, SIZE_MAX, 0));
             terse__ps_hdr h = {TERSE__PS_FINISH, 0, 0, 0, 0, 0, 0, 1.0f, 0};
             uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
-            terse_status st = one_request(ps, s, &h, NULL, failed, 1, to_replica, NULL);
+            terse__ps_rep rep;
+            memset(&rep, 0, sizeof rep);
+            terse_status st = one_request(ps, s, &h, NULL, failed, 1, to_other, &rep);
+            if (failed[s] == 2 || (failed[s] == 1 && !to_other)) {
+                /* the slot moved: tell both of its servers where it is now */
+                TERSE_CHECK(move_slot(ps, s, failed[s], (uint32_t)rep.version,
+                                      (uint32_t)rep.staleness, SIZE_MAX, 0));
+                to_other = -1;
+                continue;
+            }
             if (!failed[s] && st != TERSE_OK) return st; /* lost: nothing to tell it */
         }
     return TERSE_OK;
@@ -402,6 +493,10 @@ static terse_status exchange_mask(terse_ps *ps, terse__ps_key *k, int op, size_t
         if (st != TERSE_OK)
             return TERSE_ERROR(st, "rank %d: server rank %d's reply to %s: %s", ps->rank, t,
                                op_name(op), terse_last_error());
+        if (r->status == (terse_status)TERSE__PS_MOVED && replicated) {
+            failed[s] = 2; /* the slot went back to its head's replacement */
+            continue;
+        }
         if (r->status != TERSE_OK) {
             if (first < 0) first = s;
             if (r->payload_len)
@@ -488,6 +583,8 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
     terse__comm_codec_time(ps->comm, t0);
     terse_status refusal = TERSE_OK;
     char why[512] = "";
+    for (int s = 0; s < S; s++) /* its server's process was replaced: it died */
+        if (mask[s] && ps->stale[s]) TERSE_CHECK(move_slot(ps, s, 1, 0, 0, key, push));
     for (;;) {
         uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
         int usable = 0; /* this pass's: a refusal, not a failure */
@@ -503,7 +600,8 @@ static terse_status exchange(terse_ps *ps, terse__ps_key *k, int op, size_t key,
         for (int s = 0; s < S; s++)
             if (failed[s]) {
                 any = 1;
-                TERSE_CHECK(fail_over(ps, s, key, push));
+                TERSE_CHECK(move_slot(ps, s, failed[s], (uint32_t)ps->reps[s].version,
+                                      (uint32_t)ps->reps[s].staleness, key, push));
             }
         if (!any) break;
         memcpy(mask, failed, sizeof mask); /* run the moved slots again */

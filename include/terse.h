@@ -582,9 +582,19 @@ typedef struct terse_comm_config {
     const char *token;    /* NULL: from the environment */
     int timeout_ms;       /* 0: from the environment, else 60000 */
     int init_timeout_ms;  /* 0: from the environment, else max(timeout_ms, 30000) */
+    /* 1: join a running job as the replacement of rank `rank`, which the
+     * store announced lost (-1: from TERSE_REJOIN, else 0). Start the
+     * replacement exactly like the lost process (same TERSE_RANK, size,
+     * address and token) with TERSE_REJOIN=1. Rank 0, which holds the
+     * store, cannot be replaced. A replacement's communicator serves a
+     * parameter server with replicas 2 (terse_ps_create; it takes its
+     * slots back from the servers that stood in); collectives on it fail
+     * with TERSE_ERR_INVALID, since the others' collectives went on
+     * without it. */
+    int rejoin;
 } terse_comm_config;
 
-#define TERSE_COMM_CONFIG_INIT {sizeof(terse_comm_config), -1, -1, NULL, NULL, NULL, 0, 0}
+#define TERSE_COMM_CONFIG_INIT {sizeof(terse_comm_config), -1, -1, NULL, NULL, NULL, 0, 0, -1}
 
 /* Join the job: rendezvous at rank 0's store, open the libfabric endpoint,
  * exchange addresses. Blocks until every rank has joined or the timeout

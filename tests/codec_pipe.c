@@ -33,7 +33,7 @@ static int abi(void)
     OFF(terse_comm_config, size); OFF(terse_comm_config, rank); OFF(terse_comm_config, nranks);
     OFF(terse_comm_config, addr); OFF(terse_comm_config, provider);
     OFF(terse_comm_config, token); OFF(terse_comm_config, timeout_ms);
-    OFF(terse_comm_config, init_timeout_ms);
+    OFF(terse_comm_config, init_timeout_ms); OFF(terse_comm_config, rejoin);
     SZ(terse_comm_stats);
     OFF(terse_comm_stats, size); OFF(terse_comm_stats, ops);
     OFF(terse_comm_stats, payload_bytes_sent); OFF(terse_comm_stats, payload_bytes_recv);

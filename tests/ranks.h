@@ -99,6 +99,11 @@ typedef struct tr_job {
     const char *known_hang;
 } tr_job;
 
+/* 1: once the job's victim died, start its replacement (a new process that
+ * joins as the same rank with rejoin = 1, TR_REPLACEMENT=1 in its
+ * environment); it reports in outs[nranks] and must exit 0. */
+static int tr_replace_victim;
+
 /* Non-NULL: called in each rank's process before terse_comm_init (set by
  * the test; a static per test file). */
 static void (*tr_before_init)(int rank, const void *arg);
@@ -116,16 +121,37 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
     memset(outs, 0, bytes);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", tr_free_port());
-    pid_t pids[TR_MAX_RANKS];
-    cr_assert_leq(job->nranks, TR_MAX_RANKS);
+    pid_t pids[TR_MAX_RANKS + 1];
+    cr_assert_leq(job->nranks + (tr_replace_victim != 0), TR_MAX_RANKS);
+    cr_assert(!tr_replace_victim || job->victim >= 0, "a replacement needs a victim");
     fflush(NULL);
-    for (int r = 0; r < job->nranks; r++) {
+    const int v = job->victim >= 0 && job->victim < job->nranks ? job->victim : 0;
+    const int replacing = tr_replace_victim && job->victim == v;
+    const int n = job->nranks + replacing; /* the last: the replacement */
+    for (int r = 0; r < n; r++) {
+        const int replacement = r == job->nranks;
+        if (replacement) { /* once the victim is dead */
+            int st = 0, reaped = 0;
+            double until = tr_now_ms() + job->wall_s * 1e3;
+            while (!(reaped = waitpid(pids[v], &st, WNOHANG) == pids[v]) &&
+                   tr_now_ms() < until)
+                usleep(1000);
+            if (reaped) {
+                tr_remove_shm_of(pids[v]);
+                pids[v] = -st - 1; /* reaped: its status, encoded */
+            }
+        }
+        fflush(NULL);
         pid_t pid = fork();
         cr_assert_geq(pid, 0);
         if (pid == 0) {
             if (tr_before_init) tr_before_init(r, arg);
             terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
-            cfg.rank = r;
+            if (replacement) {
+                setenv("TR_REPLACEMENT", "1", 1);
+                cfg.rejoin = 1;
+            }
+            cfg.rank = replacement ? v : r;
             cfg.nranks = job->nranks;
             cfg.addr = addr;
             cfg.provider = job->provider;
@@ -144,11 +170,16 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
         }
         pids[r] = pid;
     }
-    int status[TR_MAX_RANKS], left = job->nranks;
-    for (int r = 0; r < job->nranks; r++) status[r] = -1;
+    int status[TR_MAX_RANKS + 1], left = n;
+    for (int r = 0; r < n; r++) status[r] = -1;
+    if (replacing && pids[v] < 0) { /* reaped before the replacement */
+        status[v] = -pids[v] - 1;
+        pids[v] = 0;
+        left--;
+    }
     double deadline = tr_now_ms() + job->wall_s * 1e3;
     while (left > 0 && tr_now_ms() < deadline) {
-        for (int r = 0; r < job->nranks; r++) {
+        for (int r = 0; r < n; r++) {
             if (status[r] != -1) continue;
             int st;
             if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
@@ -159,32 +190,32 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
         if (left) usleep(2000);
     }
     if (left) {
-        for (int r = 0; r < job->nranks; r++)
+        for (int r = 0; r < n; r++)
             if (status[r] == -1) kill(pids[r], SIGKILL);
-        for (int r = 0; r < job->nranks; r++)
+        for (int r = 0; r < n; r++)
             if (status[r] == -1) {
                 waitpid(pids[r], &status[r], 0);
                 tr_remove_shm_of(pids[r]);
             }
-        for (int r = 0; r < job->nranks; r++)
+        for (int r = 0; r < n; r++)
             fprintf(stderr, "rank %d: finished %d status %d err %s\n", r, outs[r].finished,
                          outs[r].status, outs[r].err);
         if (!job->known_hang)
-            cr_assert_fail("%d of %d ranks (%s) still running after %.0f s; killed", left,
-                           job->nranks, job->provider, job->wall_s);
+            cr_assert_fail("%d of %d processes (%s) still running after %.0f s; killed", left,
+                           n, job->provider, job->wall_s);
         fprintf(stderr, "WARNING: KNOWN LIMITATION: %d of %d ranks (%s) still running after %.0f s: %s\n",
                 left, job->nranks, job->provider, job->wall_s, job->known_hang);
-        for (int r = 0; r < job->nranks; r++)
+        for (int r = 0; r < n; r++)
             if (!outs[r].finished && r != job->victim) status[r] = 0; /* checked by the caller */
     }
-    for (int r = 0; r < job->nranks; r++) {
+    for (int r = 0; r < n; r++) {
         if (tr_known_segv && WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGSEGV) {
             fprintf(stderr, "WARNING: KNOWN LIMITATION: rank %d (%s) died of SIGSEGV: %s\n", r,
                     job->provider, tr_known_segv);
             continue;
         }
         if (r == job->victim) {
-            tr_remove_shm_of(pids[r]);
+            if (pids[r] > 0) tr_remove_shm_of(pids[r]);
             cr_assert(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL,
                       "victim rank %d was not killed (status %#x)", r, status[r]);
             continue;

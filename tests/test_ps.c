@@ -1398,7 +1398,7 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
     TR_CALL(o, terse_ps_declare(ps, 1, FN1, "int8:ef=1", NULL, NULL));
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
-        if (rank == 1 && j->kill_at) {
+        if (rank == 1 && j->kill_at && !getenv("TR_REPLACEMENT")) {
             pthread_t t;
             o->u[40] = (uint64_t)j->kill_at;
             o->u[41] = (uint64_t)(uintptr_t)&ps->stats.steps_closed;
@@ -1411,6 +1411,7 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
         terse_ps_stats st = ps_stats_of(ps);
         o->u[0] = st.replicated, o->u[1] = st.takeovers, o->u[2] = st.duplicates;
         o->u[3] = st.steps_closed;
+        o->val[1] = tr_now_ms(); /* serving ended */
         terse_ps_free(ps);
         return 0;
     }
@@ -1552,6 +1553,52 @@ static void failover(const char *prov) {
 
 Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_tcp) { failover("tcp"); }
 Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_shm) { failover("shm"); }
+
+/* A killed head's replacement (a new process, rejoin = 1) gets both its
+ * slots back: slot 1 from server 0, which stood in, and its replica's place
+ * for slot 0. The workers move back, and the result is bit for bit the run
+ * nobody died in. Then the replacement itself is killed... no: it serves
+ * to the end, closes steps and replicates them to server 0. */
+static void replacement(const char *prov) {
+    fail_job ref = {2, 0, 0, NULL, 12000};
+    tr_job job = {prov, 5, 20000, 90, -1, NULL};
+    tr_out *r = tr_run(&job, failover_body, &ref);
+    cr_assert_eq(r[2].status, 0, "%s", r[2].err);
+    uint64_t want = r[2].hash[0];
+    tr_release(r);
+    if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
+    fail_job j = {2, 4, 0, NULL, 12000};
+    tr_job kj = {prov, 5, 20000, 90, 1, NULL};
+    tr_replace_victim = 1;
+    tr_out *o = tr_run(&kj, failover_body, &j);
+    tr_replace_victim = 0;
+    tr_known_segv = NULL;
+    for (int w = 2; w < 5; w++) {
+        if (!o[w].finished) continue; /* rxm's teardown crash, reported */
+        cr_assert_eq(o[w].status, 0, "worker %d: %s", w, o[w].err);
+        cr_assert_eq(o[w].hash[0], want, "worker %d's parameters differ from the run without "
+                                         "the kill", w);
+    }
+    tr_out *rp = &o[5]; /* the replacement */
+    cr_assert(rp->finished, "the replacement did not finish: %s", rp->err);
+    cr_assert_eq(rp->u[5], TERSE_OK, "the replacement's serve: %s", rp->err);
+    cr_assert_gt(rp->u[3], 0, "the replacement closed no step (it never got its slot back)");
+    cr_assert_eq(rp->u[0], rp->u[3], "the replacement closed %llu steps, its replica "
+                                     "acknowledged %llu", (unsigned long long)rp->u[3],
+                 (unsigned long long)rp->u[0]);
+    cr_assert_eq(o[0].u[5], TERSE_OK, "server 0: %s", o[0].err);
+    fprintf(stderr, "replacement %s: the head died after %d steps; its replacement closed %llu "
+                    "of slot 1's steps, all acknowledged by server 0\n",
+            prov, j.kill_at, (unsigned long long)rp->u[3]);
+    tr_release(o);
+}
+
+Test(ps, a_killed_heads_replacement_takes_its_slots_back_with_the_same_bits_tcp) {
+    replacement("tcp");
+}
+Test(ps, a_killed_heads_replacement_takes_its_slots_back_with_the_same_bits_shm) {
+    replacement("shm");
+}
 
 /* Steps that close on a short deadline while the workers are away (empty
  * steps, one after another): a head never starts replicating a step

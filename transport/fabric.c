@@ -219,6 +219,7 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
     /* Obey the limits the provider reports. */
     f->max_msg = f->info->ep_attr->max_msg_size ? f->info->ep_attr->max_msg_size : SIZE_MAX;
     f->chunk_bytes = chunk < f->max_msg ? chunk : f->max_msg;
+    f->open_chunk_bytes = f->chunk_bytes;
     f->inject_bytes = f->info->tx_attr->inject_size;
     uint64_t mr_mode = (uint64_t)f->info->domain_attr->mr_mode;
     if (mr_mode & ~(uint64_t)TERSE__MR_SUPPORTED) {
@@ -292,7 +293,7 @@ terse_status terse__fabric_name(terse__fabric *f, void *buf, size_t *len) {
     }
     memcpy(b, name_magic, 4);
     terse__put_u32(b + 4, (uint32_t)alen);
-    terse__put_u64(b + 8, (uint64_t)f->chunk_bytes);
+    terse__put_u64(b + 8, (uint64_t)f->open_chunk_bytes); /* as configured, not as tuned since */
     memcpy(b + TERSE__NAME_PROV_OFF, f->provider, strlen(f->provider));
     *len = TERSE__FABRIC_NAME_BYTES;
     return TERSE_OK;
@@ -329,11 +330,11 @@ static terse_status check_name(const terse__fabric *f, int r, const uint8_t *b) 
                            "use the same (set TERSE_PROVIDER alike)",
                            f->rank, f->provider, r, prov);
     uint64_t chunk = terse__get_u64(b + 8);
-    if (chunk != f->chunk_bytes)
+    if (chunk != f->open_chunk_bytes)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "rank %d splits messages into %zu-byte chunks but rank %d into %llu; "
                            "set TERSE_CHUNK_BYTES alike on every rank",
-                           f->rank, f->chunk_bytes, r, (unsigned long long)chunk);
+                           f->rank, f->open_chunk_bytes, r, (unsigned long long)chunk);
     return TERSE_OK;
 }
 
@@ -375,6 +376,36 @@ terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t
     }
     f->addrs = addrs;
     return TERSE_OK;
+}
+
+terse_status terse__fabric_replace_peer(terse__fabric *f, int peer, const void *name,
+                                        size_t name_len, const uint8_t *nonce) {
+    if (!f || !name || !f->addrs || peer < 0 || peer >= f->nranks || peer == f->rank)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_replace_peer: no peer %d to replace", peer);
+    if (name_len != TERSE__FABRIC_NAME_BYTES)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "rank %d: rank %d's new endpoint name is %zu bytes, not %d", f->rank,
+                           peer, name_len, TERSE__FABRIC_NAME_BYTES);
+    TERSE_CHECK(check_name(f, peer, name));
+    /* What is still posted to the old process is let go first: nothing of
+     * it may match the new one. */
+    for (terse__fabric_op *op = f->active_head, *next; op; op = next) {
+        next = op->next;
+        if (op->req && op->req->peer == peer && !terse__fabric_cancel(f, op->req))
+            (void)terse__fabric_give_up(f, op->req);
+    }
+    fi_addr_t old = f->addrs[peer];
+    (void)fi_av_remove(f->av, &old, 1, 0); /* the old process is gone */
+    fi_addr_t a = FI_ADDR_NOTAVAIL;
+    int ret = fi_av_insert(f->av, (const uint8_t *)name + TERSE__NAME_ADDR_OFF, 1, &a, 0, NULL);
+    if (ret != 1)
+        return TERSE_ERROR(TERSE_ERR_TRANSPORT,
+                           "rank %d: inserting the address of rank %d's replacement into the %s "
+                           "AV failed: %s",
+                           f->rank, peer, f->provider,
+                           ret < 0 ? fi_strerror(-ret) : "address rejected");
+    f->addrs[peer] = a;
+    return terse__fabric_rekey_peer(f, peer, nonce);
 }
 
 void terse__fabric_counters(const terse__fabric *f, uint64_t *sent, uint64_t *recv) {

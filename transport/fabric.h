@@ -189,6 +189,13 @@ void terse__fabric_set_epoch(terse__fabric *f, uint32_t epoch);
 /* Chunks from peer (or from anyone, peer = -1) dropped because they failed
  * authentication. */
 uint64_t terse__fabric_auth_failures(const terse__fabric *f, int peer);
+/* A lost rank's replacement: its endpoint name (as terse__fabric_name
+ * gives, checked like set_peers' entries) takes the old one's place in
+ * the AV, what was still posted to the old process is cancelled or given
+ * up, and with TERSE_WIRE=mac its keys are derived from its new nonce. */
+terse_status terse__fabric_replace_peer(terse__fabric *f, int peer, const void *name,
+                                        size_t name_len, const uint8_t *nonce);
+terse_status terse__fabric_rekey_peer(terse__fabric *f, int peer, const uint8_t *nonce);
 /* Messages dropped that came from an address that is no rank (fabric_msg.c,
  * "Strangers"). */
 uint64_t terse__fabric_stranger_drops(const terse__fabric *f);

@@ -120,6 +120,7 @@ struct terse__fabric {
     fi_addr_t *addrs; /* rank -> AV address, once set_peers ran */
 
     size_t chunk_bytes; /* min(TERSE_CHUNK_BYTES, max_msg_size) */
+    size_t open_chunk_bytes; /* the same at open (small_chunks_on_shm may lower chunk_bytes) */
     size_t max_msg;
     size_t inject_bytes; /* 0: never inject */
     int register_mr;     /* FI_MR_LOCAL (or TERSE_FABRIC_REGISTER=1) */
@@ -150,6 +151,8 @@ struct terse__fabric {
      * after a forged chunk consumed them, and the tests' tamper hook. */
     int mac, encrypt;
     EVP_CIPHER_CTX **tx_ctx, **rx_ctx;
+    uint8_t wire_t[32];                   /* T: the token's extract (fabric_mac.c) */
+    uint8_t wire_nonce[TERSE__WIRE_NONCE]; /* this rank's */
     uint8_t **stage_free; /* encrypt: free staging buffers (a stack) */
     size_t nstage_free, nstage;
     void *stage_mem;

@@ -17,9 +17,15 @@
  *
  * under a key of its own for every ordered pair of ranks:
  *
- *     K(s -> d) = HKDF-SHA256(ikm = the job token,
+ *     T        = HMAC-SHA256(key = "terse-wire-v3", the job token)
+ *     K(s -> d) = HKDF-SHA256(ikm = T,
  *                             salt = nonce_s || nonce_d,
- *                             info = "terse-wire-v2" || u32 s || u32 d)
+ *                             info = "terse-wire-v3" || u32 s || u32 d)
+ *
+ * T (HKDF's extract step over the token) is kept until the fabric closes,
+ * so that a replacement rank's keys can be derived when it rejoins with a
+ * nonce of its own (terse__fabric_replace_peer); the token itself is not
+ * kept, and T cannot join the store.
  *
  * where nonce_r is 32 random bytes rank r publishes through the store at
  * init. So a message is accepted only from the holder of the token, for
@@ -41,34 +47,36 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/kdf.h>
 
 #include "common/bytes.h"
 #include "common/error.h"
 #include "transport/fabric_impl.h"
 
-static terse_status hkdf(const char *token, const uint8_t *salt, size_t salt_len,
-                         const uint8_t *info, size_t info_len, uint8_t out[32]) {
+static terse_status hkdf(const uint8_t *ikm, size_t ikm_len, const uint8_t *salt,
+                         size_t salt_len, const uint8_t *info, size_t info_len, uint8_t out[32]) {
     EVP_PKEY_CTX *k = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, NULL);
     size_t len = 32;
     int ok = k && EVP_PKEY_derive_init(k) > 0 && EVP_PKEY_CTX_set_hkdf_md(k, EVP_sha256()) > 0 &&
              EVP_PKEY_CTX_set1_hkdf_salt(k, salt, (int)salt_len) > 0 &&
-             EVP_PKEY_CTX_set1_hkdf_key(k, (const unsigned char *)token, (int)strlen(token)) > 0 &&
+             EVP_PKEY_CTX_set1_hkdf_key(k, ikm, (int)ikm_len) > 0 &&
              EVP_PKEY_CTX_add1_hkdf_info(k, info, (int)info_len) > 0 &&
              EVP_PKEY_derive(k, out, &len) > 0 && len == 32;
     EVP_PKEY_CTX_free(k);
     return ok ? TERSE_OK : TERSE_ERROR(TERSE_ERR_INTERNAL, "HKDF-SHA256 (OpenSSL) failed");
 }
 
-static terse_status key_for(const char *token, const uint8_t *nonces, int s, int d,
-                            uint8_t key[32]) {
+/* K(s -> d) from T and the two ranks' nonces. */
+static terse_status key_for(const uint8_t t[32], const uint8_t *nonce_s, const uint8_t *nonce_d,
+                            int s, int d, uint8_t key[32]) {
     uint8_t salt[2 * TERSE__WIRE_NONCE], info[13 + 8];
-    memcpy(salt, nonces + (size_t)s * TERSE__WIRE_NONCE, TERSE__WIRE_NONCE);
-    memcpy(salt + TERSE__WIRE_NONCE, nonces + (size_t)d * TERSE__WIRE_NONCE, TERSE__WIRE_NONCE);
-    memcpy(info, "terse-wire-v2", 13);
+    memcpy(salt, nonce_s, TERSE__WIRE_NONCE);
+    memcpy(salt + TERSE__WIRE_NONCE, nonce_d, TERSE__WIRE_NONCE);
+    memcpy(info, "terse-wire-v3", 13);
     terse__put_u32(info + 13, (uint32_t)s);
     terse__put_u32(info + 17, (uint32_t)d);
-    return hkdf(token, salt, sizeof salt, info, sizeof info, key);
+    return hkdf(t, 32, salt, sizeof salt, info, sizeof info, key);
 }
 
 static EVP_CIPHER_CTX *aead_ctx(const uint8_t key[32], int decrypt) {
@@ -81,6 +89,30 @@ static EVP_CIPHER_CTX *aead_ctx(const uint8_t key[32], int decrypt) {
         return NULL;
     }
     return x;
+}
+
+/* Both directions' contexts between this rank and peer p. */
+static terse_status pair_keys(terse__fabric *f, const uint8_t *mine, const uint8_t *theirs,
+                              int p) {
+    uint8_t key[32];
+    EVP_CIPHER_CTX *tx = NULL, *rx = NULL;
+    terse_status st = key_for(f->wire_t, mine, theirs, f->rank, p, key);
+    if (st == TERSE_OK && !(tx = aead_ctx(key, 0))) st = TERSE_ERR_INTERNAL;
+    if (st == TERSE_OK) st = key_for(f->wire_t, theirs, mine, p, f->rank, key);
+    if (st == TERSE_OK && !(rx = aead_ctx(key, f->encrypt))) st = TERSE_ERR_INTERNAL;
+    OPENSSL_cleanse(key, sizeof key);
+    if (st != TERSE_OK) {
+        EVP_CIPHER_CTX_free(tx);
+        EVP_CIPHER_CTX_free(rx);
+        return TERSE_ERROR(TERSE_ERR_INTERNAL,
+                           "rank %d: setting up ChaCha20-Poly1305 wire keys with rank %d failed",
+                           f->rank, p);
+    }
+    EVP_CIPHER_CTX_free(f->tx_ctx[p]);
+    EVP_CIPHER_CTX_free(f->rx_ctx[p]);
+    f->tx_ctx[p] = tx;
+    f->rx_ctx[p] = rx;
+    return TERSE_OK;
 }
 
 /* encrypt: the send side's staging buffers, one chunk each. As many as a
@@ -110,19 +142,15 @@ terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const u
     f->forged_len_peer = -1;
     if (!f->tx_ctx || !f->rx_ctx || !f->auth_fail)
         return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for %zu wire keys", f->rank, N);
-    uint8_t key[32];
-    terse_status st = TERSE_OK;
-    for (size_t p = 0; p < N && st == TERSE_OK; p++) {
-        st = key_for(token, nonces, f->rank, (int)p, key);
-        if (st == TERSE_OK && !(f->tx_ctx[p] = aead_ctx(key, 0))) st = TERSE_ERR_INTERNAL;
-        if (st == TERSE_OK) st = key_for(token, nonces, (int)p, f->rank, key);
-        if (st == TERSE_OK && !(f->rx_ctx[p] = aead_ctx(key, encrypt))) st = TERSE_ERR_INTERNAL;
-    }
-    OPENSSL_cleanse(key, sizeof key);
-    if (st != TERSE_OK)
-        return TERSE_ERROR(TERSE_ERR_INTERNAL,
-                           "rank %d: setting up ChaCha20-Poly1305 wire keys failed",
-                           f->rank);
+    unsigned tlen = 0;
+    if (!HMAC(EVP_sha256(), "terse-wire-v3", 13, (const unsigned char *)token, strlen(token),
+              f->wire_t, &tlen) ||
+        tlen != 32)
+        return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: HMAC-SHA256 (OpenSSL) failed", f->rank);
+    f->encrypt = encrypt;
+    memcpy(f->wire_nonce, nonces + (size_t)f->rank * TERSE__WIRE_NONCE, TERSE__WIRE_NONCE);
+    for (size_t p = 0; p < N; p++)
+        TERSE_CHECK(pair_keys(f, f->wire_nonce, nonces + p * TERSE__WIRE_NONCE, (int)p));
     if (encrypt && f->register_mr)
         return TERSE_ERROR(TERSE_ERR_UNSUPPORTED,
                            "rank %d: TERSE_WIRE=encrypt is not built for providers that need "
@@ -133,7 +161,15 @@ terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const u
     return TERSE_OK;
 }
 
+terse_status terse__fabric_rekey_peer(terse__fabric *f, int peer, const uint8_t *nonce) {
+    if (!f->mac) return TERSE_OK;
+    if (peer < 0 || peer >= f->nranks || peer == f->rank)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "rank %d: no peer %d to rekey", f->rank, peer);
+    return pair_keys(f, f->wire_nonce, nonce, peer);
+}
+
 void terse__fabric_free_keys(terse__fabric *f) {
+    OPENSSL_cleanse(f->wire_t, sizeof f->wire_t);
     for (int p = 0; p < f->nranks; p++) {
         if (f->tx_ctx) EVP_CIPHER_CTX_free(f->tx_ctx[p]);
         if (f->rx_ctx) EVP_CIPHER_CTX_free(f->rx_ctx[p]);

@@ -243,6 +243,23 @@ static terse_status resolve_init_timeout(const terse_comm_config *cfg, terse__la
     return v ? parse_int("TERSE_INIT_TIMEOUT_MS", v, 1, &out->init_timeout_ms) : TERSE_OK;
 }
 
+static terse_status resolve_rejoin(const terse_comm_config *cfg, terse__launch *out) {
+    if (HAS_FIELD(cfg, rejoin) && cfg->rejoin != -1) {
+        if (cfg->rejoin != 0 && cfg->rejoin != 1)
+            return TERSE_ERROR(TERSE_ERR_INVALID, "config rejoin is %d; it is 0, 1 or -1 (from "
+                                                  "TERSE_REJOIN)", cfg->rejoin);
+        out->rejoin = cfg->rejoin;
+    } else {
+        const char *v = getenv("TERSE_REJOIN");
+        if (v && *v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+            return TERSE_ERROR(TERSE_ERR_INVALID, "TERSE_REJOIN=\"%.32s\": it is 0 or 1", v);
+        out->rejoin = v && strcmp(v, "1") == 0;
+    }
+    if (out->rejoin && out->nranks < 2)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "rejoin: a job of one rank has nothing to rejoin");
+    return TERSE_OK;
+}
+
 terse_status terse__launch_resolve(const terse_comm_config *cfg, terse__launch *out) {
     if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "terse__launch_resolve: out is NULL");
     memset(out, 0, sizeof *out);
@@ -255,6 +272,7 @@ terse_status terse__launch_resolve(const terse_comm_config *cfg, terse__launch *
     TERSE_CHECK_GOTO(resolve_provider(cfg, out), st, fail);
     TERSE_CHECK_GOTO(resolve_timeout(cfg, out), st, fail);
     TERSE_CHECK_GOTO(resolve_init_timeout(cfg, out), st, fail);
+    TERSE_CHECK_GOTO(resolve_rejoin(cfg, out), st, fail);
     /* One process has nobody to meet: no store, so no address or token. */
     if (out->nranks > 1) {
         TERSE_CHECK_GOTO(resolve_addr(cfg, out), st, fail);

@@ -16,6 +16,7 @@ typedef struct terse__launch {
     int timeout_ms; /* (token: at least TERSE__MIN_TOKEN bytes) */
     int init_timeout_ms;
     char source[64];    /* which launcher's variables were used, for messages */
+    int rejoin;         /* cfg->rejoin, or TERSE_REJOIN */
 } terse__launch;
 
 /* Fill *out from cfg (NULL: all from the environment), then the environment

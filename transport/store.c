@@ -33,6 +33,10 @@ struct terse__store {
     int lost_rank;     /* first rank the server reported lost, or -1 */
     uint8_t *lost_map; /* every rank the server reported lost (nranks) */
     int gone;          /* the connection to the server has ended */
+    int rejoin;        /* joined as a lost rank's replacement: losses are
+                          recorded, never sticky (the job it joins has some) */
+    uint32_t *incarnation;  /* per rank: joins announced (1 until a BACK) */
+    terse__store_back *backs; /* BACK notices not taken yet, oldest first */
     char gone_why[128];
     terse__store_server *server; /* rank 0 only */
 };
@@ -46,6 +50,41 @@ static terse_status fail_lost(const terse__store *s) {
                            s->lost_rank, s->addr, s->rank);
     return TERSE_ERROR(TERSE_ERR_PEER_LOST, "rank %d lost the bootstrap store at %s (rank 0): %s",
                        s->rank, s->addr, s->gone_why);
+}
+
+/* A lost rank makes every later request fail, except on a replacement. */
+static int sticky(const terse__store *s) {
+    return s->gone || (s->lost_rank >= 0 && !s->rejoin);
+}
+
+/* A LOST or BACK notice from the server: recorded (1), or not one (0). */
+static int take_notice(terse__store *s, uint8_t type, const uint8_t *b, size_t len) {
+    if (type == TERSE__STORE_LOST && len == 4) {
+        uint32_t r = terse__get_u32(b);
+        if (s->lost_rank < 0) s->lost_rank = r < (uint32_t)s->nranks ? (int)r : s->nranks;
+        if (r < (uint32_t)s->nranks) s->lost_map[r] = 1;
+        return 1;
+    }
+    if (type != TERSE__STORE_BACK || len < 8 || len > 8 + TERSE__STORE_MAX_BACK) return 0;
+    uint32_t r = terse__get_u32(b), inc = terse__get_u32(b + 4);
+    if (r >= (uint32_t)s->nranks || inc <= s->incarnation[r]) return 1; /* stale: ignored */
+    terse__store_back *n = malloc(sizeof *n + len - 8);
+    if (!n) return 1; /* the replacement stays unknown here: it fails as lost */
+    n->rank = (int)r;
+    n->incarnation = inc;
+    n->len = len - 8;
+    n->next = NULL;
+    memcpy(n->blob, b + 8, len - 8);
+    terse__store_back **tail = &s->backs;
+    while (*tail) tail = &(*tail)->next;
+    *tail = n;
+    s->incarnation[r] = inc;
+    s->lost_map[r] = 0;
+    /* The sticky failure names the first rank still lost, if any. */
+    s->lost_rank = -1;
+    for (int i = 0; i < s->nranks && s->lost_rank < 0; i++)
+        if (s->lost_map[i]) s->lost_rank = i;
+    return 1;
 }
 
 /* 1 if s was inherited across fork(): its fds were closed in the child
@@ -93,7 +132,7 @@ static int next_frame(terse__store *s, uint64_t deadline_ms, uint8_t *type, cons
  * without a sentence: the caller knows what it was waiting for. */
 static terse_status await(terse__store *s, uint32_t id, uint8_t want, uint64_t deadline_ms,
                           const uint8_t **body, size_t *n) {
-    if (s->lost_rank >= 0 || s->gone) return fail_lost(s);
+    if (sticky(s)) return fail_lost(s);
     for (;;) {
         uint8_t type = 0;
         const uint8_t *b = NULL;
@@ -107,12 +146,10 @@ static terse_status await(terse__store *s, uint32_t id, uint8_t want, uint64_t d
             mark_gone(s, "a frame from it failed authentication (something between this rank "
                          "and the store altered, dropped or inserted data)");
         if (f != F_FRAME) return fail_lost(s);
-        if (type == TERSE__STORE_LOST && len == 4) {
-            uint32_t r = terse__get_u32(b);
-            if (s->lost_rank < 0) s->lost_rank = r < (uint32_t)s->nranks ? (int)r : s->nranks;
-            if (r < (uint32_t)s->nranks && s->lost_map) s->lost_map[r] = 1;
+        if (take_notice(s, type, b, len)) {
             terse__store_rx_consume(&s->rx);
-            return fail_lost(s);
+            if (sticky(s)) return fail_lost(s);
+            continue;
         }
         if ((type == TERSE__STORE_OK || type == TERSE__STORE_VALUE) && len >= 4) {
             if (want && type == want && terse__get_u32(b) == id) {
@@ -184,8 +221,9 @@ static terse_status handshake(terse__store *s, const char *token, uint64_t deadl
     terse__store_rx_consume(&s->rx);
     /* 2. Our proof and our own challenge. */
     TERSE_CHECK(terse__store_nonce(cnonce));
-    TERSE_CHECK(terse__store_client_mac(token, snonce, (uint32_t)s->rank, mac));
-    terse__put_u32(hdr, (uint32_t)s->rank);
+    const uint32_t wire_rank = (uint32_t)s->rank | (s->rejoin ? TERSE__STORE_REJOIN_BIT : 0);
+    TERSE_CHECK(terse__store_client_mac(token, snonce, wire_rank, mac));
+    terse__put_u32(hdr, wire_rank);
     terse__put_u32(hdr + 4, (uint32_t)s->nranks);
     TERSE_CHECK(terse__store_tx_frame(&s->tx, TERSE__STORE_AUTH, hdr, 8, cnonce, sizeof cnonce,
                                       mac, sizeof mac));
@@ -220,7 +258,7 @@ static terse_status handshake(terse__store *s, const char *token, uint64_t deadl
         return TERSE_ERROR(TERSE_ERR_CORRUPT,
                            "the server at %s answered rank %d's handshake with a malformed frame",
                            s->addr, s->rank);
-    TERSE_CHECK(terse__store_server_mac(token, cnonce, snonce, (uint32_t)s->rank, mac));
+    TERSE_CHECK(terse__store_server_mac(token, cnonce, snonce, wire_rank, mac));
     int good = terse__store_mac_equal(mac, b);
     OPENSSL_cleanse(mac, sizeof mac);
     terse__store_rx_consume(&s->rx);
@@ -231,7 +269,7 @@ static terse_status handshake(terse__store *s, const char *token, uint64_t deadl
                            s->addr, s->rank);
     /* Every later frame, both ways, is tagged (store_wire.h). */
     uint8_t c2s[32], s2c[32];
-    TERSE_CHECK(terse__store_session_keys(token, snonce, cnonce, (uint32_t)s->rank, c2s, s2c));
+    TERSE_CHECK(terse__store_session_keys(token, snonce, cnonce, wire_rank, c2s, s2c));
     terse__store_tx_key(&s->tx, c2s);
     terse__store_rx_key(&s->rx, s2c, 0);
     OPENSSL_cleanse(c2s, sizeof c2s);
@@ -272,6 +310,11 @@ static terse_status join(terse__store *s, const char *token) {
 
 terse_status terse__store_open(const char *addr, int rank, int nranks, const char *token,
                                int timeout_ms, terse__store **out) {
+    return terse__store_open_ex(addr, rank, nranks, token, timeout_ms, 0, out);
+}
+
+terse_status terse__store_open_ex(const char *addr, int rank, int nranks, const char *token,
+                                  int timeout_ms, int rejoin, terse__store **out) {
     if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "terse__store_open: out is NULL");
     *out = NULL;
     if (!addr || strlen(addr) >= 256)
@@ -296,11 +339,20 @@ terse_status terse__store_open(const char *addr, int rank, int nranks, const cha
     s->nranks = nranks;
     s->timeout_ms = timeout_ms;
     s->lost_rank = -1;
+    if (rejoin && rank == 0)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "rank 0 cannot rejoin: it holds the bootstrap store, which ended "
+                           "with it");
+    s->rejoin = rejoin;
     s->lost_map = calloc((size_t)(nranks > 0 ? nranks : 1), 1);
-    if (!s->lost_map) {
+    s->incarnation = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof *s->incarnation);
+    if (!s->lost_map || !s->incarnation) {
+        free(s->lost_map);
+        free(s->incarnation);
         free(s);
         return TERSE_ERROR(TERSE_ERR_NOMEM, "cannot allocate the store client");
     }
+    for (int r = 0; r < nranks; r++) s->incarnation[r] = 1;
     s->next_id = 1;
     s->fork_gen = terse__store_fork_gen();
     snprintf(s->addr, sizeof s->addr, "%s", addr);
@@ -322,12 +374,20 @@ fail:
  * reused), and the server is the parent's: touch neither, send nothing. The
  * server's memory stays allocated in the child; its state may have been
  * mid-update on the thread that the child does not have. */
-static void leave_forked(terse__store *s) {
+static void free_client(terse__store *s) {
     terse__store_rx_free(&s->rx);
     terse__store_tx_free(&s->tx);
+    while (s->backs) {
+        terse__store_back *n = s->backs->next;
+        free(s->backs);
+        s->backs = n;
+    }
     free(s->lost_map);
+    free(s->incarnation);
     free(s);
 }
+
+static void leave_forked(terse__store *s) { free_client(s); }
 
 static void leave(terse__store *s, int orderly) {
     if (!s) return;
@@ -355,10 +415,7 @@ static void leave(terse__store *s, int orderly) {
     }
     terse__store_close_fd(s->fd);
     terse__store_server_stop(s->server, !orderly);
-    terse__store_rx_free(&s->rx);
-    terse__store_tx_free(&s->tx);
-    free(s->lost_map);
-    free(s);
+    free_client(s);
 }
 
 terse_status terse__store_poll_lost(terse__store *s, const uint8_t **map) {
@@ -376,12 +433,8 @@ terse_status terse__store_poll_lost(terse__store *s, const uint8_t **map) {
         if (f == F_OVERSIZED) mark_gone(s, "it sent an oversized frame");
         if (f == F_FORGED) mark_gone(s, "a frame from it failed authentication");
         if (f != F_FRAME) break;
-        if (type == TERSE__STORE_LOST && len == 4) {
-            uint32_t r = terse__get_u32(b);
-            if (s->lost_rank < 0) s->lost_rank = r < (uint32_t)s->nranks ? (int)r : s->nranks;
-            if (r < (uint32_t)s->nranks) s->lost_map[r] = 1;
-        }
-        terse__store_rx_consume(&s->rx); /* replies to requests that timed out */
+        (void)take_notice(s, type, b, len);
+        terse__store_rx_consume(&s->rx); /* or replies to requests that timed out */
     }
     if (s->gone)
         return TERSE_ERROR(TERSE_ERR_PEER_LOST,
@@ -425,7 +478,7 @@ terse_status terse__store_set(terse__store *s, const char *key, const void *val,
     uint32_t id;
     const uint8_t *b;
     size_t n;
-    if (s->lost_rank >= 0 || s->gone) return fail_lost(s);
+    if (sticky(s)) return fail_lost(s);
     TERSE_CHECK(request(s, TERSE__STORE_SET, key, val, len, deadline, &id));
     terse_status st = await(s, id, TERSE__STORE_OK, deadline, &b, &n);
     if (st == TERSE_ERR_TIMEOUT)
@@ -448,7 +501,7 @@ terse_status terse__store_get(terse__store *s, const char *key, void *val, size_
     uint32_t id;
     const uint8_t *b;
     size_t n;
-    if (s->lost_rank >= 0 || s->gone) return fail_lost(s);
+    if (sticky(s)) return fail_lost(s);
     TERSE_CHECK(request(s, TERSE__STORE_GET, key, NULL, 0, deadline, &id));
     terse_status st = await(s, id, TERSE__STORE_VALUE, deadline, &b, &n);
     if (st == TERSE_ERR_TIMEOUT)
@@ -516,4 +569,26 @@ terse_status terse__store_check(void *store) {
     size_t n;
     /* Deadline 0: take in only what has already arrived, never wait. */
     return await(s, 0, 0, 0, &b, &n);
+}
+
+terse_status terse__store_announce_back(terse__store *s, const void *blob, size_t len) {
+    if (!s || !s->rejoin || !blob || !len || len > TERSE__STORE_MAX_BACK)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "store BACK: only a replacement announces itself, "
+                                              "with 1 to %d bytes", TERSE__STORE_MAX_BACK);
+    if (forked(s)) return fail_forked(s);
+    if (s->gone) return fail_lost(s);
+    return send_frame(s, TERSE__STORE_BACK, blob, len, NULL, 0, NULL, 0,
+                      terse__store_now_ms() + (uint64_t)s->timeout_ms);
+}
+
+terse__store_back *terse__store_take_back(terse__store *s) {
+    if (!s || !s->backs) return NULL;
+    terse__store_back *n = s->backs;
+    s->backs = n->next;
+    n->next = NULL;
+    return n;
+}
+
+uint32_t terse__store_incarnation(const terse__store *s, int rank) {
+    return s && rank >= 0 && rank < s->nranks ? s->incarnation[rank] : 0;
 }

@@ -58,6 +58,12 @@ typedef struct terse__store terse__store;
  * lookup does not finish within timeout_ms with TERSE_ERR_TIMEOUT. */
 terse_status terse__store_open(const char *addr, int rank, int nranks, const char *token,
                                int timeout_ms, terse__store **out);
+/* The same; rejoin: as the replacement of rank `rank`, which the store
+ * announced lost (refused otherwise, and always for rank 0, whose process
+ * held the store). A replacement's requests do not fail for the job's
+ * lost ranks: it joins a job that has some. */
+terse_status terse__store_open_ex(const char *addr, int rank, int nranks, const char *token,
+                                  int timeout_ms, int rejoin, terse__store **out);
 /* Say goodbye (so the others are not told this rank was lost) and
  * disconnect. On rank 0 this also stops the server, after waiting up to
  * timeout_ms for the other ranks to disconnect, so that no rank loses the
@@ -97,5 +103,22 @@ terse_status terse__store_check(void *store);
  * store itself is gone (rank 0 or its connection). The parameter server
  * uses it to go on without a lost worker. */
 terse_status terse__store_poll_lost(terse__store *s, const uint8_t **map);
+
+/* Replacements. A replacement announces itself once, with an opaque blob
+ * (<= 1024 bytes: how to reach it); every other rank's client receives it
+ * as a BACK notice (taken in by poll_lost and the requests' waits), which
+ * clears the rank's entry in the lost map and raises its incarnation
+ * (1 at the first join). take_back hands out the notices oldest first; the
+ * caller frees each. */
+typedef struct terse__store_back {
+    struct terse__store_back *next;
+    int rank;
+    uint32_t incarnation;
+    size_t len;
+    uint8_t blob[];
+} terse__store_back;
+terse_status terse__store_announce_back(terse__store *s, const void *blob, size_t len);
+terse__store_back *terse__store_take_back(terse__store *s);
+uint32_t terse__store_incarnation(const terse__store *s, int rank);
 
 #endif

@@ -34,6 +34,8 @@
 #include "transport/store_table.h"
 #include "transport/store_wire.h"
 
+enum { J_NEVER, J_IN, J_LEFT, J_LOST };
+
 enum {
     TERSE__STORE_HANDSHAKE_MS = 2000, /* a legitimate client answers HELLO at once */
     MAX_PENDING = 128,                /* unauthenticated connections at one time */
@@ -47,6 +49,7 @@ typedef struct conn {
     uint64_t gen;
     char peer[64];
     int authed, rank, said_bye;
+    int rejoined, announced; /* a replacement; it sent its BACK */
     int loud; /* its drop is always logged (a failed authentication, a refusal) */
     uint64_t hs_deadline;
     uint8_t snonce[TERSE__STORE_NONCE];
@@ -63,7 +66,11 @@ struct terse__store_server {
     conn *c;
     size_t nslots, npending, nauthed;
     uint64_t next_gen;
-    uint8_t *joined; /* joined[rank]: a rank joins once per job */
+    /* joined[rank]: J_NEVER, J_IN (connected), J_LEFT (said BYE) or J_LOST.
+     * A rank joins once; a lost one may join again as its replacement
+     * (TERSE_REJOIN), once per loss. incarnation[rank] counts its joins. */
+    uint8_t *joined;
+    uint32_t *incarnation;
     terse__store_table table;
     unsigned noise_logged;      /* noise lines printed so far */
     unsigned long noise_held;   /* noise events not printed since the last summary */
@@ -160,8 +167,12 @@ static void drop(terse__store_server *s, size_t slot, const char *fmt, ...) {
     c->fd = -1;
     terse__store_rx_free(&c->rx);
     terse__store_tx_free(&c->tx);
-    if (c->authed) s->nauthed--;
-    else s->npending--;
+    if (c->authed) {
+        s->nauthed--;
+        s->joined[c->rank] = lost ? J_LOST : J_LEFT;
+    } else {
+        s->npending--;
+    }
     if (!lost) return;
     uint8_t r[4];
     terse__put_u32(r, (uint32_t)c->rank);
@@ -234,13 +245,17 @@ static void handle_auth(terse__store_server *s, size_t slot, uint8_t type, const
         drop(s, slot, "sent frame type %u of %zu bytes instead of AUTH", type, n);
         return;
     }
-    uint32_t rank = terse__get_u32(b), nranks = terse__get_u32(b + 4);
+    /* The rank field's top bit asks to rejoin as a lost rank's
+     * replacement; the proofs and keys cover the field as sent. */
+    uint32_t wire_rank = terse__get_u32(b), nranks = terse__get_u32(b + 4);
+    uint32_t rank = wire_rank & ~TERSE__STORE_REJOIN_BIT;
+    int rejoin = (wire_rank & TERSE__STORE_REJOIN_BIT) != 0;
     /* A copy: growing the receive buffer below may move the frame. */
     uint8_t cnonce[TERSE__STORE_NONCE];
     memcpy(cnonce, b + 8, sizeof cnonce);
     const uint8_t *mac = b + 8 + TERSE__STORE_NONCE;
     uint8_t want[TERSE__STORE_MAC];
-    if (terse__store_client_mac(s->token, c->snonce, rank, want) != TERSE_OK) {
+    if (terse__store_client_mac(s->token, c->snonce, wire_rank, want) != TERSE_OK) {
         drop(s, slot, "HMAC computation failed");
         return;
     }
@@ -263,35 +278,72 @@ static void handle_auth(terse__store_server *s, size_t slot, uint8_t type, const
         drop(s, slot, "refused: %s", text);
         return;
     }
-    if (s->joined[rank]) {
-        snprintf(text, sizeof text, "rank %u has already joined", rank);
+    static const char *const state[] = {"never joined", "is connected", "left with a goodbye",
+                                        ""};
+    if (rejoin ? s->joined[rank] != J_LOST : s->joined[rank] != J_NEVER) {
+        if (rejoin)
+            snprintf(text, sizeof text, "rank %u cannot rejoin: only a lost rank can be "
+                     "replaced, and it %s", rank, state[s->joined[rank]]);
+        else
+            snprintf(text, sizeof text, "rank %u has already joined%s", rank,
+                     s->joined[rank] == J_LOST ? " and was lost (a replacement sets "
+                                                 "TERSE_REJOIN=1)" : "");
         c->loud = 1;
         refuse(s, slot, TERSE__STORE_REFUSE_DUPLICATE, text);
         drop(s, slot, "refused: %s", text);
         return;
     }
     uint8_t proof[TERSE__STORE_MAC];
-    if (terse__store_server_mac(s->token, cnonce, c->snonce, rank, proof) != TERSE_OK ||
+    if (terse__store_server_mac(s->token, cnonce, c->snonce, wire_rank, proof) != TERSE_OK ||
         terse__store_rx_grow(&c->rx, TERSE__STORE_MAX_BODY) != TERSE_OK) {
         drop(s, slot, "out of memory or HMAC failure after authentication");
         return;
     }
     uint8_t c2s[32], s2c[32];
-    if (terse__store_session_keys(s->token, c->snonce, cnonce, rank, c2s, s2c) != TERSE_OK) {
+    if (terse__store_session_keys(s->token, c->snonce, cnonce, wire_rank, c2s, s2c) != TERSE_OK) {
         drop(s, slot, "HMAC failure deriving the session keys");
         return;
     }
     c->authed = 1;
     c->rank = (int)rank;
-    s->joined[rank] = 1;
+    c->rejoined = rejoin;
+    s->joined[rank] = J_IN;
+    s->incarnation[rank]++;
     s->npending--;
     s->nauthed++;
+    if (rejoin)
+        slog(s, "rank %u (%s) rejoined as the replacement of the lost rank (incarnation %u)",
+             rank, c->peer, s->incarnation[rank]);
     queue(s, slot, TERSE__STORE_WELCOME, proof, sizeof proof, NULL, 0);
     /* Every later frame, both ways, is tagged (store_wire.h). */
     terse__store_tx_key(&c->tx, s2c);
     terse__store_rx_key(&c->rx, c2s, 1);
     OPENSSL_cleanse(c2s, sizeof c2s);
     OPENSSL_cleanse(s2c, sizeof s2c);
+    /* A rank that joins after others were lost hears of them too. */
+    for (int r = 0; r < s->nranks && s->c[slot].fd >= 0; r++) {
+        uint8_t rb[4];
+        terse__put_u32(rb, (uint32_t)r);
+        if (s->joined[r] == J_LOST) queue(s, slot, TERSE__STORE_LOST, rb, 4, NULL, 0);
+    }
+}
+
+/* A replacement's BACK: its new endpoint (an opaque blob), relayed to every
+ * other rank with its rank and incarnation. Once per connection. */
+static void handle_back(terse__store_server *s, size_t slot, const uint8_t *b, size_t n) {
+    conn *c = &s->c[slot];
+    if (!c->rejoined || c->announced || n == 0 || n > TERSE__STORE_MAX_BACK) {
+        drop(s, slot, "rank %d sent a BACK it may not send (%zu bytes; %s)", c->rank, n,
+             !c->rejoined ? "it did not rejoin" : c->announced ? "a second one" : "bad length");
+        return;
+    }
+    c->announced = 1;
+    uint8_t hdr[8];
+    terse__put_u32(hdr, (uint32_t)c->rank);
+    terse__put_u32(hdr + 4, s->incarnation[c->rank]);
+    for (size_t i = 0; i < s->nslots; i++)
+        if (i != slot && s->c[i].fd >= 0 && s->c[i].authed)
+            queue(s, i, TERSE__STORE_BACK, hdr, sizeof hdr, b, n);
 }
 
 /* ---- requests from authenticated ranks ---- */
@@ -365,6 +417,7 @@ static void handle_request(terse__store_server *s, size_t slot, uint8_t type, co
     if (type == TERSE__STORE_SET) handle_set(s, slot, b, n);
     else if (type == TERSE__STORE_GET) handle_get(s, slot, b, n);
     else if (type == TERSE__STORE_BYE && n == 0) c->said_bye = 1;
+    else if (type == TERSE__STORE_BACK) handle_back(s, slot, b, n);
     else drop(s, slot, "rank %d sent an unexpected frame type %u (%zu bytes)", c->rank, type, n);
 }
 
@@ -519,6 +572,7 @@ static void destroy(terse__store_server *s) {
     OPENSSL_cleanse(s->token, sizeof s->token);
     free(s->c);
     free(s->joined);
+    free(s->incarnation);
     free(s->pfd);
     free(s->pslot);
     free(s);
@@ -536,7 +590,8 @@ terse_status terse__store_server_start(const char *addr, int nranks, const char 
     snprintf(s->addr, sizeof s->addr, "%s", addr);
     terse_status st;
     s->joined = calloc((size_t)nranks, 1);
-    if (!s->joined)
+    s->incarnation = calloc((size_t)nranks, sizeof *s->incarnation);
+    if (!s->joined || !s->incarnation)
         TERSE_FAIL_GOTO(st, fail, TERSE_ERR_NOMEM, "cannot allocate the store's rank table");
     uint64_t resolve_by = terse__store_now_ms() + (uint64_t)linger_ms;
     TERSE_CHECK_GOTO(terse__store_listen(addr, resolve_by, &s->lfd), st, fail);

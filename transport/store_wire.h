@@ -47,7 +47,10 @@ enum {
     TERSE__STORE_MAX_RANKS = 1 << 20,
     TERSE__STORE_MAX_TOKEN = 255,
     TERSE__STORE_TAG = 16,           /* the tag on every frame after WELCOME */
+    TERSE__STORE_MAX_BACK = 1024,    /* a replacement's announcement */
 };
+/* In AUTH's rank field: join as the replacement of this lost rank. */
+#define TERSE__STORE_REJOIN_BIT 0x80000000u
 
 typedef enum terse__store_frame {
     TERSE__STORE_HELLO = 1,   /* S->C snonce */
@@ -60,6 +63,9 @@ typedef enum terse__store_frame {
     TERSE__STORE_VALUE = 8,   /* S->C u32 id, value */
     TERSE__STORE_LOST = 9,    /* S->C u32 rank: that rank dropped without BYE */
     TERSE__STORE_BYE = 10,    /* C->S empty: an orderly leave, not a loss */
+    /* C->S blob (a replacement, once); S->C u32 rank, u32 incarnation, blob:
+     * a lost rank is back, and how to reach it */
+    TERSE__STORE_BACK = 11,
 } terse__store_frame;
 
 typedef enum terse__store_refusal {

@@ -497,7 +497,7 @@ class Comm(_Closing):
     made by every rank in the same order, from one thread at a time."""
 
     def __init__(self, rank=None, size=None, addr=None, provider=None, token=None,
-                 timeout_ms=None, init_timeout_ms=None):
+                 timeout_ms=None, init_timeout_ms=None, rejoin=None):
         cfg = _capi.CommConfig()
         cfg.size = ctypes.sizeof(cfg)
         cfg.rank = -1 if rank is None else int(rank)
@@ -508,6 +508,7 @@ class Comm(_Closing):
         cfg.token = tok
         cfg.timeout_ms = 0 if timeout_ms is None else int(timeout_ms)
         cfg.init_timeout_ms = 0 if init_timeout_ms is None else int(init_timeout_ms)
+        cfg.rejoin = -1 if rejoin is None else int(bool(rejoin))
         h = _capi.handle()
         st = _lib.terse_comm_init(ctypes.byref(cfg), ctypes.byref(h))
         cfg.token = None

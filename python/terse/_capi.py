@@ -89,6 +89,7 @@ class CommConfig(ctypes.Structure):
         ("token", ctypes.c_char_p),
         ("timeout_ms", ctypes.c_int),
         ("init_timeout_ms", ctypes.c_int),
+        ("rejoin", ctypes.c_int),
     ]
 
 
