@@ -103,6 +103,8 @@ typedef struct tr_job {
  * joins as the same rank with rejoin = 1, TR_REPLACEMENT=1 in its
  * environment); it reports in outs[nranks] and must exit 0. */
 static int tr_replace_victim;
+/* Nonzero: a second rank expected to die by SIGKILL (its body kills it). */
+static int tr_victim2;
 
 /* Non-NULL: called in each rank's process before terse_comm_init (set by
  * the test; a static per test file). */
@@ -206,7 +208,8 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
         fprintf(stderr, "WARNING: KNOWN LIMITATION: %d of %d ranks (%s) still running after %.0f s: %s\n",
                 left, job->nranks, job->provider, job->wall_s, job->known_hang);
         for (int r = 0; r < n; r++)
-            if (!outs[r].finished && r != job->victim) status[r] = 0; /* checked by the caller */
+            if (!outs[r].finished && r != job->victim && r != tr_victim2)
+                status[r] = 0; /* checked by the caller */
     }
     for (int r = 0; r < n; r++) {
         if (tr_known_segv && WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGSEGV) {
@@ -214,7 +217,7 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
                     job->provider, tr_known_segv);
             continue;
         }
-        if (r == job->victim) {
+        if (r == job->victim || (tr_victim2 && r == tr_victim2)) {
             if (pids[r] > 0) tr_remove_shm_of(pids[r]);
             cr_assert(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL,
                       "victim rank %d was not killed (status %#x)", r, status[r]);

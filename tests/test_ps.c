@@ -1359,6 +1359,10 @@ typedef struct fail_job {
     int worker_dies; /* SIGKILL worker rank 4 at this step (0: never) */
     const char *mode;  /* NULL: sync */
     int nap_us;        /* workers' pause between steps (0: 4 ms) */
+    int servers;       /* 0: 2 */
+    int victim;        /* the server kill_at kills (0: rank 1) */
+    int second;        /* a server SIGKILLed once its replica's replacement caught up and
+                          acknowledged 3 more steps (0: none) */
 } fail_job;
 
 static float fgrad(int w, int t, size_t i) {
@@ -1376,6 +1380,18 @@ static void *die_at(void *arg) {
 
 static int failover_body(terse_comm *c, tr_out *o, const void *arg);
 
+/* fail_job.second: die once this head's replica is a caught-up replacement. */
+static void *die_after_catch_up(void *arg) {
+    terse_ps *ps = arg;
+    const volatile int *fresh = &ps->backup_fresh;
+    const volatile uint64_t *acked = &ps->stats.replicated;
+    while (!*fresh) usleep(200);
+    uint64_t from = *acked;
+    while (*acked < from + 3 + (uint64_t)ps->nkeys) usleep(200);
+    raise(SIGKILL);
+    return NULL;
+}
+
 /* Failures go into o only (the trials sort them). */
 static int failover_body_soft(terse_comm *c, tr_out *o, const void *arg) {
     failover_body(c, o, arg);
@@ -1385,7 +1401,7 @@ static int failover_body_soft(terse_comm *c, tr_out *o, const void *arg) {
 static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
     const fail_job *j = arg;
     terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
-    cfg.num_servers = 2;
+    cfg.num_servers = j->servers ? j->servers : 2;
     cfg.update = TERSE_PS_UPDATE_SGD;
     cfg.lr = 0.05f;
     cfg.momentum = 0.9f;
@@ -1398,7 +1414,11 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
     TR_CALL(o, terse_ps_declare(ps, 1, FN1, "int8:ef=1", NULL, NULL));
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
-        if (rank == 1 && j->kill_at && !getenv("TR_REPLACEMENT")) {
+        if (rank == j->second && !getenv("TR_REPLACEMENT")) {
+            pthread_t t;
+            pthread_create(&t, NULL, die_after_catch_up, ps);
+        }
+        if (rank == (j->victim ? j->victim : 1) && j->kill_at && !getenv("TR_REPLACEMENT")) {
             pthread_t t;
             o->u[40] = (uint64_t)j->kill_at;
             o->u[41] = (uint64_t)(uintptr_t)&ps->stats.steps_closed;
@@ -1450,7 +1470,7 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
 /* The same training, replicated or not, gives the same bits; every step a
  * head closes is acknowledged by its replica first. */
 Test(ps, replicas_keep_each_closed_step_on_both_servers_and_change_no_bits) {
-    fail_job one = {1, 0, 0, NULL, 0}, two = {2, 0, 0, NULL, 0};
+    fail_job one = {1, 0, 0, NULL, 0, 0, 0, 0}, two = {2, 0, 0, NULL, 0, 0, 0, 0};
     tr_job job = {"shm", 5, 20000, 60, -1, NULL};
     tr_out *a = tr_run(&job, failover_body, &one);
     tr_out *b = tr_run(&job, failover_body, &two);
@@ -1481,7 +1501,7 @@ static int cmp_d(const void *x, const void *y) {
  * TERSE_FAILOVER_TRIALS sets the moments (2 here; the campaign runs 10);
  * prints the recovery time, kill to the next step a worker completed. */
 static void failover(const char *prov) {
-    fail_job ref = {2, 0, 0, NULL, 0};
+    fail_job ref = {2, 0, 0, NULL, 0, 0, 0, 0};
     tr_job job = {prov, 5, 20000, 90, -1, NULL};
     tr_out *r = tr_run(&job, failover_body, &ref);
     cr_assert_eq(r[2].status, 0, "%s", r[2].err);
@@ -1497,7 +1517,8 @@ static void failover(const char *prov) {
     uint64_t dups = 0; /* resends the new head already had: answered, not applied again */
     for (int k = 0; k < trials; k++) {
         /* from the first steps to the last ones */
-        fail_job j = {2, 1 + (int)((double)(steps - 3) * (k + 0.5) / trials), 0, NULL, 0};
+        fail_job j = {2, 1 + (int)((double)(steps - 3) * (k + 0.5) / trials), 0, NULL, 0,
+                      0, 0, 0};
         tr_job kj = {prov, 5, 20000, 90, 1,
                      !strcmp(prov, "shm") ? "a survivor spinning on the dead server's shm lock"
                                           : NULL};
@@ -1560,14 +1581,14 @@ Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_shm) { fail
  * nobody died in. Then the replacement itself is killed... no: it serves
  * to the end, closes steps and replicates them to server 0. */
 static void replacement(const char *prov) {
-    fail_job ref = {2, 0, 0, NULL, 12000};
+    fail_job ref = {2, 0, 0, NULL, 12000, 0, 0, 0};
     tr_job job = {prov, 5, 20000, 90, -1, NULL};
     tr_out *r = tr_run(&job, failover_body, &ref);
     cr_assert_eq(r[2].status, 0, "%s", r[2].err);
     uint64_t want = r[2].hash[0];
     tr_release(r);
     if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
-    fail_job j = {2, 4, 0, NULL, 12000};
+    fail_job j = {2, 4, 0, NULL, 12000, 0, 0, 0};
     tr_job kj = {prov, 5, 20000, 90, 1, NULL};
     tr_replace_victim = 1;
     tr_out *o = tr_run(&kj, failover_body, &j);
@@ -1593,6 +1614,48 @@ static void replacement(const char *prov) {
     tr_release(o);
 }
 
+/* Three servers. Server 2 dies (the head of slot 2, the replica of slot
+ * 1); its replacement takes slot 2 back from server 0 and catches up as
+ * slot 1's replica; then server 1 dies, and the replacement takes slot 1
+ * over too. Same bits as the run nobody died in. */
+static void replacement_then_its_head_dies(const char *prov) {
+    fail_job ref = {2, 0, 0, NULL, 15000, 3, 0, 0};
+    tr_job job = {prov, 6, 20000, 90, -1, NULL};
+    tr_out *r = tr_run(&job, failover_body, &ref);
+    cr_assert_eq(r[3].status, 0, "%s", r[3].err);
+    uint64_t want = r[3].hash[0];
+    tr_release(r);
+    if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
+    fail_job j = {2, 3, 0, NULL, 15000, 3, 2, 1};
+    tr_job kj = {prov, 6, 20000, 90, 2, NULL};
+    tr_replace_victim = 1;
+    tr_victim2 = 1;
+    tr_out *o = tr_run(&kj, failover_body, &j);
+    tr_replace_victim = 0;
+    tr_victim2 = 0;
+    tr_known_segv = NULL;
+    for (int w = 3; w < 6; w++) {
+        if (!o[w].finished) continue; /* rxm's teardown crash, reported */
+        cr_assert_eq(o[w].status, 0, "worker %d: %s", w, o[w].err);
+        cr_assert_eq(o[w].hash[0], want, "worker %d's parameters differ from the run without "
+                                         "the kills", w);
+    }
+    tr_out *rp = &o[6];
+    cr_assert(rp->finished, "the replacement did not finish: %s", rp->err);
+    cr_assert_eq(rp->u[5], TERSE_OK, "the replacement's serve: %s", rp->err);
+    cr_assert_eq(rp->u[1], 1, "the replacement took %llu slots over (slot 1's head died)",
+                 (unsigned long long)rp->u[1]);
+    cr_assert_eq(o[0].u[5], TERSE_OK, "server 0: %s", o[0].err);
+    tr_release(o);
+}
+
+Test(ps, a_replacement_catches_up_as_a_replica_and_takes_over_when_its_head_dies_tcp) {
+    replacement_then_its_head_dies("tcp");
+}
+Test(ps, a_replacement_catches_up_as_a_replica_and_takes_over_when_its_head_dies_shm) {
+    replacement_then_its_head_dies("shm");
+}
+
 Test(ps, a_killed_heads_replacement_takes_its_slots_back_with_the_same_bits_tcp) {
     replacement("tcp");
 }
@@ -1605,7 +1668,7 @@ Test(ps, a_killed_heads_replacement_takes_its_slots_back_with_the_same_bits_shm)
  * before the last one is acknowledged, so every step it closed is
  * acknowledged and the replica never gets one it was not sent. */
 Test(ps, replicas_with_a_deadline_replicate_every_step_in_order) {
-    fail_job j = {2, 0, 0, "sync:deadline_ms=5", 30000};
+    fail_job j = {2, 0, 0, "sync:deadline_ms=5", 30000, 0, 0, 0};
     tr_job job = {"shm", 5, 20000, 60, -1, NULL};
     tr_out *o = tr_run(&job, failover_body, &j);
     for (int s = 0; s < 2; s++) {
@@ -1626,7 +1689,7 @@ Test(ps, replicas_with_a_deadline_replicate_every_step_in_order) {
  * it, the surviving workers fail naming it (sync without a quorum), and
  * serving ends instead of waiting for the dead worker's goodbye. */
 Test(ps, replicas_a_killed_worker_ends_serving_on_both_instances) {
-    fail_job j = {2, 0, 5, NULL, 0};
+    fail_job j = {2, 0, 5, NULL, 0, 0, 0, 0};
     tr_job job = {"tcp", 5, 5000, 20, 4, NULL};
     tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_out *o = tr_run(&job, failover_body_soft, &j);
