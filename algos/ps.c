@@ -297,15 +297,15 @@ terse_status terse_ps_create(terse_comm *comm, const terse_ps_config *cfg, terse
         goto fail;
     }
     TERSE_CHECK_GOTO(terse__ps_ring_build(ps), s, fail);
+    if (comm->rejoined && !(ps->is_server && ps->cfg.replicas == 2))
+        TERSE_FAIL_GOTO(s, fail, TERSE_ERR_INVALID,
+                        "terse_ps_create on rank %d: this rank rejoined as a lost rank's "
+                        "replacement (TERSE_REJOIN), which only a server of a parameter server "
+                        "with replicas 2 can be (this rank is a %s, replicas %d)",
+                        ps->rank, ps->is_server ? "server" : "worker", ps->cfg.replicas);
     if (comm->nranks > 1) TERSE_CHECK_GOTO(agree(ps), s, fail);
     if (ps->is_server && ps->cfg.replicas == 2) TERSE_CHECK_GOTO(terse__ps_mirror_create(ps), s, fail);
     if (comm->rejoined) {
-        if (!ps->mirror)
-            TERSE_FAIL_GOTO(s, fail, TERSE_ERR_INVALID,
-                            "terse_ps_create on rank %d: this rank rejoined as a lost rank's "
-                            "replacement (TERSE_REJOIN), which only a server of a parameter "
-                            "server with replicas 2 can be (this rank is a %s, replicas %d)",
-                            ps->rank, ps->is_server ? "server" : "worker", ps->cfg.replicas);
         /* Its slot comes back from its replica, its mirror's from that
          * slot's head (ps_replica.c); until then it holds requests. */
         ps->awaiting = ps->catching = 1;

@@ -1656,6 +1656,54 @@ Test(ps, a_replacement_catches_up_as_a_replica_and_takes_over_when_its_head_dies
     replacement_then_its_head_dies("shm");
 }
 
+/* A replacement can only serve a parameter server with replicas 2: its
+ * collectives and a worker's terse_ps_create are refused with a sentence.
+ * Rank 2 dies after init; rank 0 (the store) waits for the replacement to
+ * say it is done. */
+static int rejoin_refusals_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    int rank = terse_comm_rank(c);
+    if (getenv("TR_REPLACEMENT")) {
+        float x[4] = {1, 2, 3, 4};
+        o->u[0] = (uint64_t)terse_allreduce(c, x, 4, NULL, TERSE_OP_SUM);
+        snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+        terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
+        cfg.num_servers = 1;
+        terse_ps *ps = NULL;
+        o->u[1] = (uint64_t)terse_ps_create(c, &cfg, &ps);
+        snprintf((char *)o->f, 512, "%s", terse_last_error());
+        TR_CALL(o, terse__store_set(c->store, "replacement/done", "1", 2));
+        return 0;
+    }
+    if (rank == 2) raise(SIGKILL);
+    if (rank == 1) return 0;
+    for (int i = 0; i < 2000; i++) { /* 20 s at most */
+        const uint8_t *lost = NULL;
+        (void)terse__store_poll_lost(c->store, &lost);
+        char v[4];
+        size_t len = sizeof v;
+        if (terse__store_get(c->store, "replacement/done", v, &len, 10) == TERSE_OK) return 0;
+        usleep(10000);
+    }
+    return tr_fail(o, TERSE_ERR_TIMEOUT, "waiting for the replacement");
+}
+
+Test(ps, a_replacement_serves_a_replicated_parameter_server_and_nothing_else) {
+    tr_job job = {"tcp", 3, 20000, 60, 2, NULL};
+    tr_replace_victim = 1;
+    tr_out *o = tr_run(&job, rejoin_refusals_body, NULL);
+    tr_replace_victim = 0;
+    cr_assert_eq(o[3].status, 0, "%s", o[3].err);
+    cr_expect_eq(o[3].u[0], TERSE_ERR_INVALID, "a replacement's allreduce: %s", o[3].err);
+    cr_expect(strstr(o[3].err, "rejoined a running job as a lost rank's replacement"), "%s",
+              o[3].err);
+    cr_expect_eq(o[3].u[1], TERSE_ERR_INVALID, "a replacement worker's terse_ps_create: %s",
+                 (const char *)o[3].f);
+    cr_expect(strstr((const char *)o[3].f, "only a server of a parameter server with replicas 2"),
+              "%s", (const char *)o[3].f);
+    tr_release(o);
+}
+
 Test(ps, a_killed_heads_replacement_takes_its_slots_back_with_the_same_bits_tcp) {
     replacement("tcp");
 }

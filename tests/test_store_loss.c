@@ -220,3 +220,85 @@ Test(store, rank_0_reports_an_address_already_in_use) {
     cr_expect(strstr(terse_last_error(), "in use"), "%s", terse_last_error());
     terse__store_close_fd(fd);
 }
+
+/* Replacements. Five ranks in the test process: rank 1 stays, rank 2 is
+ * lost (and replaced), rank 3 leaves with a goodbye, rank 4 is lost for
+ * good. Only a lost rank may rejoin, once per loss, and never rank 0; the
+ * replacement hears of the losses before it, its requests work in a job
+ * that has lost ranks, and every other rank receives its announcement. */
+static int polled_until(terse__store *s, int rank, int want) {
+    const uint8_t *lost = NULL;
+    for (int i = 0; i < 200; i++) {
+        if (terse__store_poll_lost(s, &lost) != TERSE_OK) return 0;
+        if (lost[rank] == want) return 1;
+        usleep(5000);
+    }
+    return 0;
+}
+
+Test(store, only_a_lost_rank_rejoins_and_every_rank_hears_of_it) {
+    terse__store *s[5] = {0}, *x = NULL;
+    char addr[64];
+    const char *tok = "rejoin-test-token";
+    terse_status st = TERSE_ERR_IO;
+    for (int attempt = 0; attempt < 5 && st == TERSE_ERR_IO; attempt++) {
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", free_port());
+        st = terse__store_open(addr, 0, 5, tok, 3000, &s[0]);
+    }
+    cr_assert_eq(st, TERSE_OK, "%s", terse_last_error());
+    for (int r = 1; r < 5; r++)
+        cr_assert_eq(terse__store_open(addr, r, 5, tok, 3000, &s[r]), TERSE_OK, "%s",
+                     terse_last_error());
+    terse__store_close(s[3]);
+    terse__store_abandon(s[2]);
+    terse__store_abandon(s[4]);
+    s[2] = s[3] = s[4] = NULL;
+    cr_assert(polled_until(s[1], 2, 1) && polled_until(s[1], 4, 1), "losses not announced");
+
+    struct { int rank, rejoin; const char *says; } no[] = {
+        {1, 1, "cannot rejoin: only a lost rank can be replaced, and it is connected"},
+        {3, 1, "cannot rejoin: only a lost rank can be replaced, and it left with a goodbye"},
+        {2, 0, "has already joined and was lost (a replacement sets TERSE_REJOIN=1)"},
+        {0, 1, "rank 0 cannot rejoin"},
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        cr_expect_eq(terse__store_open_ex(addr, no[i].rank, 5, tok, 3000, no[i].rejoin, &x),
+                     TERSE_ERR_INVALID, "rank %d (rejoin %d) was let in", no[i].rank,
+                     no[i].rejoin);
+        cr_expect(strstr(terse_last_error(), no[i].says), "%s", terse_last_error());
+    }
+    cr_expect_eq(terse__store_open_ex(addr, 2, 5, "wrong-token-entirely", 3000, 1, &x),
+                 TERSE_ERR_AUTH, "a replacement with a wrong token was let in");
+
+    terse__store *r2 = NULL;
+    cr_assert_eq(terse__store_open_ex(addr, 2, 5, tok, 3000, 1, &r2), TERSE_OK, "%s",
+                 terse_last_error());
+    /* the replacement hears of rank 4's loss, and still gets and sets */
+    cr_expect(polled_until(r2, 4, 1), "rank 4's earlier loss was not replayed to the replacement");
+    cr_expect_eq(terse__store_set(r2, "after", "1", 2), TERSE_OK, "%s", terse_last_error());
+    char v[8];
+    size_t len = sizeof v;
+    cr_expect_eq(terse__store_get(r2, "after", v, &len, 1000), TERSE_OK, "%s",
+                 terse_last_error());
+    /* a second replacement while this one lives is refused */
+    cr_expect_eq(terse__store_open_ex(addr, 2, 5, tok, 3000, 1, &x), TERSE_ERR_INVALID);
+    cr_expect(strstr(terse_last_error(), "is connected"), "%s", terse_last_error());
+    /* only a replacement announces itself */
+    cr_expect_eq(terse__store_announce_back(s[1], "x", 1), TERSE_ERR_INVALID);
+    cr_assert_eq(terse__store_announce_back(r2, "hello", 6), TERSE_OK, "%s", terse_last_error());
+    for (int r = 0; r < 2; r++) {
+        cr_expect(polled_until(s[r], 2, 0), "rank %d still counts rank 2 lost", r);
+        terse__store_back *b = terse__store_take_back(s[r]);
+        cr_assert(b, "rank %d got no announcement", r);
+        cr_expect_eq(b->rank, 2);
+        cr_expect_eq(b->incarnation, 2);
+        cr_expect(b->len == 6 && !memcmp(b->blob, "hello", 6), "rank %d: wrong blob", r);
+        cr_expect_eq(terse__store_incarnation(s[r], 2), 2);
+        cr_expect_eq(terse__store_incarnation(s[r], 1), 1);
+        free(b);
+        cr_expect_null(terse__store_take_back(s[r]), "rank %d: a second announcement", r);
+    }
+    terse__store_close(r2);
+    terse__store_close(s[1]);
+    terse__store_close(s[0]);
+}
