@@ -947,11 +947,36 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * TERSE_ERR_PEER_LOST naming the slot. Limits: pull codecs must be dense
  * (a pull codec's server-side state would not be on the replica:
  * terse_ps_declare refuses others with TERSE_ERR_UNSUPPORTED); replicas 3
- * and more are refused (TERSE_ERR_UNSUPPORTED); a lost server is not
- * replaced (its slot runs unreplicated until the job ends); on shm every
- * message then travels in chunks within shm's inject size (4 KiB), since
- * libfabric 1.17's shm never completes a larger send to a process that
- * died, and stalls every later large send behind it.
+ * and more are refused (TERSE_ERR_UNSUPPORTED); on shm every message then
+ * travels in chunks within shm's inject size (4 KiB), since libfabric
+ * 1.17's shm never completes a larger send to a process that died, and
+ * stalls every later large send behind it.
+ *
+ * Replacing a lost server (replicas 2). Start a new process exactly like
+ * the lost one (the same program, TERSE_RANK, TERSE_SIZE, TERSE_ADDR and
+ * TERSE_TOKEN) with TERSE_REJOIN=1 (or terse_comm_config.rejoin = 1;
+ * terse-run --replace does it for the ranks it names). Its
+ * terse_comm_init joins the running job as that rank: the store admits a
+ * lost rank once per loss (a rank that is connected, left with a goodbye,
+ * or never joined is refused, and so is rank 0, whose process held the
+ * store) and tells every rank where the replacement is. Its
+ * terse_ps_create, terse_ps_declare and terse_ps_serve are the lost
+ * server's; it then gets its slots back:
+ *   - the server that took its slot over sends it the slot's state at the
+ *     last closed step and which workers finished, and is the slot's
+ *     replica again; requests that reach it for that slot from then on are
+ *     answered with where the slot went, so each worker moves the slot
+ *     back and resends the pushes no pull has covered (as after a
+ *     failover: in plain sync mode the result keeps its bits, tested);
+ *   - the head of the slot it replicated sends it that slot's state, and
+ *     it is the replica again once every key arrived (until then that slot
+ *     cannot fail over to it: if its head dies first, the slot is lost).
+ * The replacement holds requests until its slot's state is in. Its
+ * communicator serves the parameter server only: collectives on it fail
+ * with TERSE_ERR_INVALID (the others' went on without it), and so does a
+ * replacement that is a worker or runs replicas 1. If the server standing
+ * in dies during the hand-back, the slot is lost (requests fail after 3/4
+ * of the timeout, naming it).
  *
  * Threading: calls on one terse_ps from one thread at a time; requests
  * may be tested and waited for as the engine allows. A request belongs to

@@ -208,6 +208,32 @@ if [ "$rc" != 0 ] || [ "$(grep -c alive "$work/nohup.out")" != 2 ]; then
     fail "nohup: status $rc, output: $(cat "$work/nohup.out")"
 else ok "an ignored SIGHUP stays ignored"; fi
 
+# --replace: rank 1 is killed the first time; its replacement gets
+# TERSE_REJOIN=1 and the same rank, size, address and token, and the job
+# ends 0. A rank not listed still stops the job.
+mark=$failures
+cat >"$work/replace.sh" <<'EOF'
+echo "rank=$TERSE_RANK rejoin=${TERSE_REJOIN:-unset} addr=$TERSE_ADDR token=$TERSE_TOKEN"
+if [ "$TERSE_RANK" = 1 ] && [ -z "${TERSE_REJOIN:-}" ]; then kill -9 $$; fi
+sleep 0.3
+EOF
+run replace -n 3 --replace 1 sh "$work/replace.sh"
+if [ "$rc" != 0 ]; then fail "--replace: status $rc: $(cat "$work/replace.err")"; fi
+if [ "$(grep -c '^\[1\] rank=1 rejoin=1 ' "$work/replace.out")" != 1 ] ||
+    [ "$(grep -c '^\[1\] rank=1 rejoin=unset ' "$work/replace.out")" != 1 ] ||
+    [ "$(grep -c 'rejoin=1' "$work/replace.out")" != 1 ]; then
+    fail "--replace: rank 1 not started again with TERSE_REJOIN=1 alone: $(cat "$work/replace.out")"
+fi
+if [ "$(sed -E 's/.* addr=([^ ]*) token=([0-9a-f]*)$/\1 \2/' "$work/replace.out" | sort -u | wc -l)" != 1 ]; then
+    fail "--replace: the replacement got another address or token"
+fi
+if ! grep -q 'terse-run: rank 1 exited with status 137; starting its replacement (TERSE_REJOIN=1, 1 of 3)' "$work/replace.err"; then
+    fail "--replace: no message: $(cat "$work/replace.err")"
+fi
+run replace2 -n 3 --replace 2 sh "$work/replace.sh"
+if [ "$rc" != 137 ]; then fail "--replace 2: rank 1's death should stop the job (status $rc)"; fi
+[ "$failures" = "$mark" ] && ok "--replace starts a dead rank again with TERSE_REJOIN=1, others still stop the job"
+
 # ---------------------------------------------------------------- usage
 usage_case() {
     local want=$1
@@ -232,6 +258,8 @@ usage_case "unknown option '-q'" -n 2 -q true
 usage_case "missing the PROGRAM" -n 2
 usage_case "--timeout-ms" -n 2 --timeout-ms 0 true
 usage_case "--addr" -n 2 --addr nocolon true
+usage_case "rank 0 holds the store" -n 2 --replace 0 true
+usage_case "--replace wants ranks from 1 to 1" -n 2 --replace 2 true
 [ "$failures" = "$mark" ] && ok "usage errors -> status 2 with a one-line message and a --help hint"
 
 run help --help

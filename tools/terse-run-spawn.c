@@ -114,7 +114,8 @@ static _Noreturn void child_exec(const terse__run_job *job, int rank, const int 
     if (setenv("IPATH_NO_BACKTRACE", "1", 0) != 0) child_fail(err_fd);
     if (setenv("TERSE_ADDR", job->addr, 1) != 0 || setenv("TERSE_TOKEN", job->token, 1) != 0 ||
         (job->provider && setenv("TERSE_PROVIDER", job->provider, 1) != 0) ||
-        (job->timeout && setenv("TERSE_TIMEOUT_MS", job->timeout, 1) != 0))
+        (job->timeout && setenv("TERSE_TIMEOUT_MS", job->timeout, 1) != 0) ||
+        (rank == job->rejoining && setenv("TERSE_REJOIN", "1", 1) != 0))
         child_fail(err_fd);
 
     execvp(job->argv[0], job->argv);

@@ -25,6 +25,8 @@ enum { EXIT_USAGE = 2, EXIT_CANNOT_EXEC = 127 };
 /* How long to keep reading output after the last rank has exited: a process
  * the rank left behind may still hold its pipe open. */
 #define DRAIN_MS 1000
+/* --replace: replacements of one rank, at most */
+#define MAX_REPLACEMENTS 3
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -43,6 +45,10 @@ static void usage(FILE *f) {
             "  --addr HOST:PORT  address of rank 0's store (default: 127.0.0.1 and a free port)\n"
             "  --no-prefix       pass the ranks' output through untouched instead of\n"
             "                    starting each line with \"[rank] \"\n"
+            "  --replace LIST    when one of these ranks (e.g. 1,2; never 0) fails, start it\n"
+            "                    again with TERSE_REJOIN=1 instead of stopping the job, up\n"
+            "                    to %d times each: a parameter server with replicas 2\n"
+            "                    takes it back as the lost server's replacement\n"
             "  -h, --help        show this help\n"
             "  -V, --version     show the version\n"
             "\n"
@@ -54,7 +60,7 @@ static void usage(FILE *f) {
             "SIGTERM, then SIGKILL after %d s, and terse-run exits with the failed rank's\n"
             "status: its exit code, or 128 + the signal that killed it. 127: PROGRAM\n"
             "cannot be run. 2: usage error. 1: terse-run itself failed.\n",
-            TERSE_RUN_MAX_RANKS, GRACE_MS / 1000);
+            TERSE_RUN_MAX_RANKS, MAX_REPLACEMENTS, GRACE_MS / 1000);
 }
 
 __attribute__((format(printf, 1, 2))) static _Noreturn void usage_error(const char *fmt, ...) {
@@ -77,18 +83,21 @@ static long parse_long(const char *s, long lo, long hi) {
 }
 
 static void parse_args(int argc, char **argv, terse__run_job *job) {
-    enum { OPT_PROVIDER = 256, OPT_TIMEOUT, OPT_ADDR, OPT_NO_PREFIX };
+    enum { OPT_PROVIDER = 256, OPT_TIMEOUT, OPT_ADDR, OPT_NO_PREFIX, OPT_REPLACE };
     static const struct option longs[] = {
         {"provider", required_argument, NULL, OPT_PROVIDER},
         {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
         {"addr", required_argument, NULL, OPT_ADDR},
         {"no-prefix", no_argument, NULL, OPT_NO_PREFIX},
+        {"replace", required_argument, NULL, OPT_REPLACE},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     job->nranks = 0;
     job->prefix = 1;
+    job->rejoining = -1;
+    const char *replace = NULL;
     opterr = 0;
     int c;
     /* "+": options end at PROGRAM, so its own options are left alone. */
@@ -121,6 +130,7 @@ static void parse_args(int argc, char **argv, terse__run_job *job) {
             break;
         }
         case OPT_NO_PREFIX: job->prefix = 0; break;
+        case OPT_REPLACE: replace = optarg; break;
         case 'h':
             usage(stdout);
             exit(fflush(stdout) == 0 ? 0 : 1);
@@ -137,6 +147,23 @@ static void parse_args(int argc, char **argv, terse__run_job *job) {
         }
     }
     if (job->nranks == 0) usage_error("missing -n N, the number of ranks");
+    if (replace) {
+        job->replace = calloc((size_t)job->nranks, 1);
+        if (!job->replace) usage_error("out of memory");
+        char list[256];
+        if (strlen(replace) >= sizeof list)
+            usage_error("--replace wants ranks such as 1,2, not '%.40s...'", replace);
+        strcpy(list, replace);
+        for (char *save = NULL, *t = strtok_r(list, ",", &save); t;
+             t = strtok_r(NULL, ",", &save)) {
+            long r = parse_long(t, 1, job->nranks - 1);
+            if (r < 0)
+                usage_error("--replace wants ranks from 1 to %d separated by commas (rank 0 "
+                            "holds the store and cannot be replaced), not '%s'",
+                            job->nranks - 1, t);
+            job->replace[r] = 1;
+        }
+    }
     if (optind >= argc) usage_error("missing the PROGRAM to run");
     job->argv = argv + optind;
 }
@@ -188,6 +215,7 @@ static int install_signals(terse__run_job *job) {
 typedef struct rank_state {
     pid_t pid;
     int alive;
+    int replaced; /* --replace: replacements started so far */
     terse__run_stream out, err;
 } rank_state;
 
@@ -220,8 +248,35 @@ static void stop_job(job_state *js) {
     signal_ranks(js, SIGTERM);
 }
 
+/* --replace: start rank r again as its own replacement (TERSE_REJOIN=1).
+ * 0 when it runs; -1 when it cannot start. */
+static int start_replacement(job_state *js, int r, int code) {
+    rank_state *k = &js->ranks[r];
+    terse__run_stream_close(&k->out);
+    terse__run_stream_close(&k->err);
+    k->replaced++;
+    fprintf(stderr, "terse-run: rank %d exited with status %d; starting its replacement "
+                    "(TERSE_REJOIN=1, %d of %d)\n",
+            r, code, k->replaced, MAX_REPLACEMENTS);
+    int out_fd[2] = {-1, -1}, exec_errno = 0;
+    js->job.rejoining = r;
+    pid_t pid = terse__run_spawn(&js->job, r, out_fd, &exec_errno);
+    js->job.rejoining = -1;
+    if (pid < 0) {
+        fprintf(stderr, "terse-run: cannot start rank %d's replacement: %s\n", r,
+                strerror(exec_errno ? exec_errno : errno));
+        return -1;
+    }
+    k->pid = pid;
+    k->alive = 1;
+    js->alive++;
+    terse__run_stream_init(&k->out, out_fd[0], STDOUT_FILENO, r);
+    terse__run_stream_init(&k->err, out_fd[1], STDERR_FILENO, r);
+    return 0;
+}
+
 /* Reap every rank that has exited. The first to fail sets our exit status,
- * and the others are stopped. */
+ * and the others are stopped (unless --replace starts it again). */
 static void reap(job_state *js) {
     int st;
     pid_t pid;
@@ -239,6 +294,9 @@ static void reap(job_state *js) {
         }
         for (int i = 0; i < 64 && terse__run_stream_pump(&js->ranks[r].err) > 0; i++) {
         }
+        if (js->job.replace && js->job.replace[r] && js->ranks[r].replaced < MAX_REPLACEMENTS &&
+            js->alive > 0 && start_replacement(js, r, code) == 0)
+            continue;
         js->exit_status = code;
         fprintf(stderr, "terse-run: rank %d exited with status %d", r, code);
         if (WIFSIGNALED(st)) fprintf(stderr, " (killed by signal %d)", WTERMSIG(st));
@@ -383,6 +441,7 @@ int main(int argc, char **argv) {
         terse__run_stream_close(&js.ranks[r].err);
     }
     memset(job->token, 0, sizeof job->token);
+    free(job->replace);
     free(streams);
     free(fds);
     free(js.ranks);

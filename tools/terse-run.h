@@ -32,6 +32,8 @@ typedef struct terse__run_job {
     sigset_t mask;        /* the signal mask to give back to ranks */
     unsigned ignored;     /* 1u << sig for each of TERSE_RUN_SIGNALS we were started
                            * with ignored (nohup): ranks inherit that, not our handlers */
+    unsigned char *replace; /* --replace: per rank, restart it as a replacement when it dies */
+    int rejoining;          /* the rank being started as a replacement (TERSE_REJOIN=1), or -1 */
 } terse__run_job;
 
 /* Write "127.0.0.1:PORT" for a port the kernel just handed out for

@@ -493,8 +493,10 @@ class Comm(_Closing):
     """A communicator (terse_comm_init). Every argument left None is taken
     from the environment as the C library does (TERSE_RANK/RANK,
     TERSE_SIZE/WORLD_SIZE, TERSE_ADDR or MASTER_ADDR:MASTER_PORT,
-    TERSE_PROVIDER, TERSE_TOKEN, TERSE_TIMEOUT_MS). Collective calls are
-    made by every rank in the same order, from one thread at a time."""
+    TERSE_PROVIDER, TERSE_TOKEN, TERSE_TIMEOUT_MS, TERSE_REJOIN). Collective
+    calls are made by every rank in the same order, from one thread at a
+    time. rejoin=True joins a running job as the replacement of a lost
+    parameter server (replicas 2; see terse_comm_config.rejoin in terse.h)."""
 
     def __init__(self, rank=None, size=None, addr=None, provider=None, token=None,
                  timeout_ms=None, init_timeout_ms=None, rejoin=None):
