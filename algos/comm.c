@@ -200,6 +200,14 @@ terse_status terse__comm_take_back(terse_comm *c, int *rank) {
         *rank = n->rank;
         fprintf(stderr, "terse: rank %d: rank %d is back (a replacement, incarnation %u)\n",
                 c->rank, n->rank, n->incarnation);
+    } else {
+        /* One replacement this rank cannot reach is not a reason to stop:
+         * it stays lost here, and what needs it fails naming it. */
+        fprintf(stderr, "terse: rank %d: rank %d's replacement (incarnation %u) stays lost "
+                        "here: %s\n",
+                c->rank, n->rank, n->incarnation, terse__comm_last_sentence());
+        terse__store_mark_lost(c->store, n->rank);
+        s = TERSE_OK;
     }
     free(n);
     return s;

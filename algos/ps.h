@@ -231,6 +231,8 @@ typedef struct terse__ps_peer {
     uint64_t parked_ns;
     uint64_t since_ns;    /* when it entered DATA, DRAIN or REPLY */
     int finished, lost;
+    int by_roster;        /* finished by the word of the slot's other server: its own
+                             goodbye may still come (and is answered), or never */
     int pend;             /* the kind of refusal sent once the payload is drained */
     char pend_text[TERSE__PS_REP_TEXT];
     uint8_t *drain;       /* where a refused payload is received */
@@ -316,6 +318,7 @@ struct terse_ps {
                              (0: never); older requests are told MOVED */
     uint32_t moved_inc;   /* ...to this incarnation of the slot's head */
     int handing;          /* mirror: the hand-back's acks are still due */
+    int hand_failed;      /* ...and one of its transfers failed (logged once) */
     int awaiting;         /* a replacement's head: the slot's state is due */
     int catching;         /* replica side: keys not yet received take any version */
     int took_over;        /* serves a slot after its earlier server: a resend of
@@ -335,6 +338,7 @@ struct terse_ps {
     uint32_t *epoch;
     uint64_t *mseq;
     uint8_t *stale;
+    uint64_t wait_limit_ns; /* worker: wait_slots' limit without progress (0: the timeout) */
 };
 
 /* A reply status of the protocol's own (never a terse_status a caller

@@ -248,7 +248,7 @@ static terse_status send_all(terse_ps *ps) {
 terse_status terse__ps_backup_add(terse_ps *ps, int r) {
     ps->backup = r;
     ps->rseq = 0; /* a new conversation with a new process */
-    ps->repl_epoch = 0;
+    ps->repl_epoch = ps->epoch_cur; /* the slot's: the replica would serve the next one */
     ps->backup_fresh = 1;
     fprintf(stderr,
             "terse: parameter server rank %d: its replica's replacement, server rank %d, "
@@ -283,6 +283,7 @@ terse_status terse__ps_hand_back(terse_ps *m, uint32_t inc) {
     m->rseq = 0;
     m->repl_epoch = m->moved_epoch;
     m->handing = 1;
+    m->hand_failed = 0;
     /* and listens to the head again, from its first message */
     m->listening = 0;
     m->rseq_next = 0;
@@ -404,12 +405,17 @@ static terse_status handing_progress(terse_ps *m) {
         }
         if (sh->ack_req.error || sh->repl_hreq.error || sh->repl_dreq.error ||
             terse__get_u64(sh->ack) != sh->repl_rseq || terse__get_u64(sh->ack + 8) != sh->version) {
-            fprintf(stderr, "terse: parameter server rank %d: handing slot %d back to server rank "
-                            "%d failed at key %zu; the slot stays with the replacement if it "
-                            "lives, and comes back here if it does not\n",
-                    m->rank, m->slot, m->slot, k);
-            pending = 0;
-            break;
+            /* Left as it is: if the replacement died, the store's notice
+             * promotes this instance again (which lets these transfers go);
+             * if it lives, it never has the whole slot and refuses its
+             * held requests, naming this server, after 3/4 of the timeout. */
+            if (!m->hand_failed)
+                fprintf(stderr, "terse: parameter server rank %d: handing slot %d back to server "
+                                "rank %d failed at key %zu\n",
+                        m->rank, m->slot, m->slot, k);
+            m->hand_failed = 1;
+            pending = 1;
+            continue;
         }
         sh->repl_pending = 0;
     }
@@ -532,7 +538,10 @@ static terse_status replica_progress(terse_ps *m) {
             fprintf(stderr, "terse: parameter server rank %d, replica of slot %d: a roster fails "
                             "its checksum; ignored\n", m->rank, m->slot);
         } else {
+            /* the epoch: the one a replacement's head serves at, or the
+             * one before the one a replica catching up would take over at */
             if (m->awaiting) m->epoch_cur = (uint32_t)m->rversion;
+            else if (m->catching) m->epoch_cur = (uint32_t)m->rversion + 1;
             TERSE_CHECK(terse__ps_take_roster(m, m->rbuf_state));
         }
         m->rseq_next++;

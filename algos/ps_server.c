@@ -826,16 +826,15 @@ static terse_status poll_servers(terse_ps *ps) {
 /* A roster from the slot's other server: the workers it lists as finished
  * said goodbye there before this instance could hear it. */
 terse_status terse__ps_take_roster(terse_ps *ps, const uint8_t *roster) {
-    terse__fabric *f = ps->comm->fabric;
     int any = 0;
     for (int w = ps->nservers; w < ps->nranks; w++) {
         terse__ps_peer *p = &ps->peers[w];
         if (!(roster[w] & 1) || p->finished || p->lost) continue;
-        p->finished = 1;
+        /* Its header receive stays posted: the worker may yet say goodbye
+         * here too (answered as usual), or never (it did not know of this
+         * process); either way nothing more is due from it. */
+        p->finished = p->by_roster = 1;
         any = 1;
-        if (p->state != P_HDR) continue; /* a conversation under way ends on its own */
-        if (!terse__fabric_cancel(f, &p->hreq)) (void)terse__fabric_give_up(f, &p->hreq);
-        p->state = P_DONE;
     }
     if (!any || ps->awaiting || (ps->slot != ps->rank && !ps->promoted)) return TERSE_OK;
     for (size_t k = 0; k < ps->nkeys; k++)
@@ -1049,7 +1048,8 @@ static terse_status step_peer(terse_ps *ps, int w) {
 static int all_done(const terse_ps *ps) {
     for (int w = ps->nservers; w < ps->nranks; w++) {
         const terse__ps_peer *p = &ps->peers[w];
-        if (!p->lost && !(p->finished && p->state == P_DONE)) return 0;
+        int done = p->state == P_DONE || (p->by_roster && p->state == P_HDR);
+        if (!p->lost && !(p->finished && done)) return 0;
     }
     return 1;
 }

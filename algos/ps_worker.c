@@ -19,6 +19,8 @@
 /* replicas 2: how long a failed transfer waits for the store to confirm
  * its server's loss before it fails the request instead */
 #define STORE_CONFIRM_NS 2000000000ull
+/* How long a goodbye to a slot's other server waits for its answer. */
+#define FINISH_OTHER_NS 2000000000ull
 
 typedef struct wait_ctx {
     terse_ps *ps;
@@ -164,7 +166,9 @@ static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, co
                                uint8_t *failed, int loss_ok) {
     terse_comm *c = ps->comm;
     terse__fabric *f = c->fabric;
-    const uint64_t t0 = terse__now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+    const uint64_t t0 = terse__now_ns();
+    const uint64_t limit = ps->wait_limit_ns ? ps->wait_limit_ns
+                                             : (uint64_t)c->timeout_ms * 1000000ull;
     uint64_t last_event = t0, last_poll = 0, erred_ns = 0;
     const uint8_t *lost = NULL;
     unsigned idle = 0;
@@ -403,7 +407,14 @@ static terse_status finish_replicated(terse_ps *ps) {
             uint8_t failed[TERSE__PS_MAX_SERVERS] = {0};
             terse__ps_rep rep;
             memset(&rep, 0, sizeof rep);
+            /* The other server may have ended already: one that is a
+             * replacement ends on the word of the slot's head (its roster),
+             * not on this goodbye, and does not answer a late one. A live
+             * server answers a goodbye at once, so a short wait will do. */
+            if (to_other) ps->wait_limit_ns = FINISH_OTHER_NS;
             terse_status st = one_request(ps, s, &h, NULL, failed, 1, to_other, &rep);
+            ps->wait_limit_ns = 0;
+            if (to_other && st == TERSE_ERR_TIMEOUT) continue;
             if (failed[s] == 2 || (failed[s] == 1 && !to_other)) {
                 /* the slot moved: tell both of its servers where it is now */
                 TERSE_CHECK(move_slot(ps, s, failed[s], (uint32_t)rep.version,

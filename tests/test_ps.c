@@ -1481,7 +1481,9 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
     memcpy(o->f, x, sizeof x);
     memcpy(o->f + FN, y, sizeof y);
     o->hash[0] = tr_hash(o->f, (FN + FN1) * sizeof(float));
+    double f0 = tr_now_ms();
     TR_CALL(o, terse_ps_finish(ps));
+    o->val[9] = tr_now_ms() - f0; /* the goodbyes */
     terse_ps_free(ps);
     return 0;
 }
@@ -1670,9 +1672,11 @@ static void replacement(const char *prov) {
 
 /* Three servers. Server 2 dies (the head of slot 2, the replica of slot
  * 1); its replacement takes slot 2 back from server 0 and catches up as
- * slot 1's replica; then server 1 dies, and the replacement takes slot 1
- * over too. Same bits as the run nobody died in. */
-static void replacement_then_its_head_dies(const char *prov) {
+ * slot 1's replica; then (second) server 1 dies, and the replacement takes
+ * slot 1 over too. Same bits as the run nobody died in. Without the second
+ * death, the end of serving is the test: server 1's last roster to the
+ * replacement races the workers' goodbyes to it (which once hung them). */
+static void three_servers(const char *prov, int second) {
     fail_job ref = {2, 0, 0, NULL, 15000, 3, 0, 0};
     tr_job job = {prov, 6, 20000, 90, -1, NULL};
     tr_out *r = tr_run(&job, failover_body, &ref);
@@ -1680,15 +1684,15 @@ static void replacement_then_its_head_dies(const char *prov) {
     uint64_t want = r[3].hash[0];
     tr_release(r);
     if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
-    fail_job j = {2, 3, 0, NULL, 15000, 3, 2, 1};
+    fail_job j = {2, 3, 0, NULL, 15000, 3, 2, second ? 1 : 0};
     tr_job kj = {prov, 6, 20000, 60, 2, SHM_LOCK_HANG(prov)};
     tr_replace_victim = 1;
-    tr_victim2 = 1;
+    tr_victim2 = second ? 1 : 0;
     tr_out *o = tr_run(&kj, failover_body_soft, &j);
     tr_replace_victim = 0;
     tr_victim2 = 0;
     tr_known_segv = NULL;
-    if (lost_to_shm_lock(prov, o, 7, 1, 2, j.kill_at)) {
+    if (lost_to_shm_lock(prov, o, 7, second ? 1 : -1, 2, j.kill_at)) {
         tr_release(o);
         return;
     }
@@ -1701,18 +1705,22 @@ static void replacement_then_its_head_dies(const char *prov) {
     tr_out *rp = &o[6];
     cr_assert(rp->finished, "the replacement did not finish: %s", rp->err);
     cr_assert_eq(rp->u[5], TERSE_OK, "the replacement's serve: %s", rp->err);
-    cr_assert_eq(rp->u[1], 1, "the replacement took %llu slots over (slot 1's head died)",
+    cr_assert_eq(rp->u[1], (uint64_t)second, "the replacement took %llu slots over",
                  (unsigned long long)rp->u[1]);
+    for (int w = 3; w < 6 && !second; w++) /* nobody waits for a goodbye's answer */
+        cr_assert_lt(o[w].val[9], 1500.0, "worker %d's terse_ps_finish took %.0f ms", w,
+                     o[w].val[9]);
     cr_assert_eq(o[0].u[5], TERSE_OK, "server 0: %s", o[0].err);
     tr_release(o);
 }
 
 Test(ps, a_replacement_catches_up_as_a_replica_and_takes_over_when_its_head_dies_tcp) {
-    replacement_then_its_head_dies("tcp");
+    three_servers("tcp", 1);
 }
 Test(ps, a_replacement_catches_up_as_a_replica_and_takes_over_when_its_head_dies_shm) {
-    replacement_then_its_head_dies("shm");
+    three_servers("shm", 1);
 }
+Test(ps, a_replacement_replica_ends_serving_with_everyone_else_tcp) { three_servers("tcp", 0); }
 
 /* A replacement can only serve a parameter server with replicas 2: its
  * collectives and a worker's terse_ps_create are refused with a sentence.

@@ -48,7 +48,8 @@ static void usage(FILE *f) {
             "  --replace LIST    when one of these ranks (e.g. 1,2; never 0) fails, start it\n"
             "                    again with TERSE_REJOIN=1 instead of stopping the job, up\n"
             "                    to %d times each: a parameter server with replicas 2\n"
-            "                    takes it back as the lost server's replacement\n"
+            "                    takes it back as the lost server's replacement (not\n"
+            "                    after terse-run forwarded a signal: the job is ending)\n"
             "  -h, --help        show this help\n"
             "  -V, --version     show the version\n"
             "\n"
@@ -224,6 +225,7 @@ typedef struct job_state {
     rank_state *ranks;
     int alive;          /* ranks not yet reaped */
     int stopping;       /* a rank failed: the others have been sent SIGTERM */
+    int signalled;      /* a signal was forwarded to the ranks */
     int killed;         /* ...and, after the grace period, SIGKILL */
     int exit_status;    /* the first failed rank's status, else 0 */
     long long kill_at;  /* when stopping: the time to send SIGKILL */
@@ -295,7 +297,7 @@ static void reap(job_state *js) {
         for (int i = 0; i < 64 && terse__run_stream_pump(&js->ranks[r].err) > 0; i++) {
         }
         if (js->job.replace && js->job.replace[r] && js->ranks[r].replaced < MAX_REPLACEMENTS &&
-            js->alive > 0 && start_replacement(js, r, code) == 0)
+            js->alive > 0 && !js->signalled && start_replacement(js, r, code) == 0)
             continue;
         js->exit_status = code;
         fprintf(stderr, "terse-run: rank %d exited with status %d", r, code);
@@ -310,7 +312,10 @@ static void handle_signals(job_state *js) {
     ssize_t n;
     while ((n = read(sig_pipe[0], buf, sizeof buf)) > 0)
         for (ssize_t i = 0; i < n; i++)
-            if (buf[i] != SIGCHLD) signal_ranks(js, buf[i]);
+            if (buf[i] != SIGCHLD) {
+                js->signalled = 1; /* a rank that dies of it is not replaced */
+                signal_ranks(js, buf[i]);
+            }
     reap(js);
 }
 

@@ -389,10 +389,16 @@ terse_status terse__fabric_replace_peer(terse__fabric *f, int peer, const void *
     TERSE_CHECK(check_name(f, peer, name));
     /* What is still posted to the old process is let go first: nothing of
      * it may match the new one. */
-    for (terse__fabric_op *op = f->active_head, *next; op; op = next) {
-        next = op->next;
-        if (op->req && op->req->peer == peer && !terse__fabric_cancel(f, op->req))
-            (void)terse__fabric_give_up(f, op->req);
+    for (;;) { /* from the head each time: a cancel runs progress, which recycles ops */
+        terse__fabric_op *op = f->active_head;
+        while (op && !(op->req && op->req->peer == peer && !op->req->error)) op = op->next;
+        if (!op) break;
+        terse__fabric_req *r = op->req;
+        if (!terse__fabric_cancel(f, r) && !terse__fabric_give_up(f, r)) {
+            r->error = TERSE_ERR_ABORTED; /* post nothing more of it */
+            break;
+        }
+        if (!r->error) r->error = TERSE_ERR_ABORTED;
     }
     fi_addr_t old = f->addrs[peer];
     (void)fi_av_remove(f->av, &old, 1, 0); /* the old process is gone */

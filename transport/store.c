@@ -331,6 +331,10 @@ terse_status terse__store_open_ex(const char *addr, int rank, int nranks, const 
     unsigned port;
     TERSE_CHECK(terse__store_split_addr(addr, "the store address", host, sizeof host, &port));
 
+    if (rejoin && rank == 0)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "rank 0 cannot rejoin: it holds the bootstrap store, which ended "
+                           "with it");
     terse_status st;
     terse__store *s = calloc(1, sizeof *s);
     if (!s) return TERSE_ERROR(TERSE_ERR_NOMEM, "cannot allocate the store client");
@@ -339,10 +343,6 @@ terse_status terse__store_open_ex(const char *addr, int rank, int nranks, const 
     s->nranks = nranks;
     s->timeout_ms = timeout_ms;
     s->lost_rank = -1;
-    if (rejoin && rank == 0)
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "rank 0 cannot rejoin: it holds the bootstrap store, which ended "
-                           "with it");
     s->rejoin = rejoin;
     s->lost_map = calloc((size_t)(nranks > 0 ? nranks : 1), 1);
     s->incarnation = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof *s->incarnation);
@@ -587,6 +587,12 @@ terse__store_back *terse__store_take_back(terse__store *s) {
     s->backs = n->next;
     n->next = NULL;
     return n;
+}
+
+void terse__store_mark_lost(terse__store *s, int rank) {
+    if (!s || rank < 0 || rank >= s->nranks) return;
+    s->lost_map[rank] = 1;
+    if (s->lost_rank < 0) s->lost_rank = rank;
 }
 
 uint32_t terse__store_incarnation(const terse__store *s, int rank) {

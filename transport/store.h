@@ -120,5 +120,7 @@ typedef struct terse__store_back {
 terse_status terse__store_announce_back(terse__store *s, const void *blob, size_t len);
 terse__store_back *terse__store_take_back(terse__store *s);
 uint32_t terse__store_incarnation(const terse__store *s, int rank);
+/* Count rank as lost again (a replacement this rank cannot reach). */
+void terse__store_mark_lost(terse__store *s, int rank);
 
 #endif

@@ -280,6 +280,12 @@ static void handle_auth(terse__store_server *s, size_t slot, uint8_t type, const
     }
     static const char *const state[] = {"never joined", "is connected", "left with a goodbye",
                                         ""};
+    if (rejoin && rank == 0) {
+        c->loud = 1;
+        refuse(s, slot, TERSE__STORE_REFUSE_DUPLICATE, "rank 0 cannot rejoin: it holds the store");
+        drop(s, slot, "refused: a rejoin as rank 0");
+        return;
+    }
     if (rejoin ? s->joined[rank] != J_LOST : s->joined[rank] != J_NEVER) {
         if (rejoin)
             snprintf(text, sizeof text, "rank %u cannot rejoin: only a lost rank can be "
