@@ -866,6 +866,31 @@ terse_status terse__ps_caught_up(terse_ps *ps) {
     return TERSE_OK;
 }
 
+/* A replacement whose slots did not come back within the timeout: the
+ * job ended before it joined, or the server that would send them died.
+ * Its own slot: serving fails; the slot it replicates: it stops waiting
+ * for that (it cannot take that slot over) and ends with its own. */
+static terse_status waited_too_long(terse_ps *ps, uint64_t waited_ns) {
+    const uint64_t limit = (uint64_t)ps->comm->timeout_ms * 1000000ull;
+    if (waited_ns < limit) return TERSE_OK;
+    terse_ps *m = ps->mirror;
+    if (m && m->catching && !m->promoted) {
+        fprintf(stderr, "terse: parameter server rank %d (a replacement): slot %d's state never "
+                        "came from its head, server rank %d; this rank will not take it over\n",
+                ps->rank, m->slot, m->slot);
+        m->catching = 0;
+        m->abandoned = 2;
+        for (int w = m->nservers; w < m->nranks; w++)
+            if (!m->peers[w].finished) m->peers[w].finished = m->peers[w].by_roster = 1;
+    }
+    if (!ps->awaiting) return TERSE_OK;
+    return TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                       "parameter server rank %d (a replacement): slot %d never came back from "
+                       "server rank %d within %d ms (the job ended before this rank joined, or "
+                       "that server died)",
+                       ps->rank, ps->slot, ps->repl_src, ps->comm->timeout_ms);
+}
+
 /* Held requests: an unpromoted replica's (its head is alive after all),
  * or a replacement's whose slot never came back. */
 static terse_status expire_held(terse_ps *ps, uint64_t now) {
@@ -1105,6 +1130,7 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
         if (w != ps->rank) s = post_header(ps, w);
     for (int w = ps->nservers; m && w < ps->nranks && s == TERSE_OK; w++) s = post_header(m, w);
     uint64_t last_poll = 0, last_event = terse__now_ns();
+    const uint64_t started = last_event;
     ps->heard_ns = last_event;
     if (m) m->heard_ns = last_event;
     unsigned idle = 0;
@@ -1136,6 +1162,8 @@ terse_status terse__ps_serve_run(terse_comm *c, terse_request *r, int *keep_usab
             if (s == TERSE_OK && m) s = poll_losses(m);
             if (s == TERSE_OK && m && !m->promoted) s = expire_held(m, now);
             if (s == TERSE_OK && ps->awaiting) s = expire_held(ps, now);
+            if (s == TERSE_OK && (ps->awaiting || (m && m->catching)))
+                s = waited_too_long(ps, now - started);
             if (s == TERSE_OK && m && m->promoted) s = close_overdue(m, now);
             if (s == TERSE_OK && m && m->promoted) s = expire_parked(m, now);
             if (s == TERSE_OK && m) s = expire_stuck(m, now);

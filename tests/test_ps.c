@@ -1628,7 +1628,9 @@ static void replacement(const char *prov) {
     /* a trial lost to shm's lock is run again (3 times at most) */
     for (int k = 0; n < trials && k < trials + 3; k++) {
         if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
-        fail_job j = {2, 2 + k % 6, 0, NULL, 12000, 0, 0, 0};
+        /* 40 ms between steps: the replacement (a new process, 0.1-0.5 s to
+         * join) arrives mid-run even on a loaded machine */
+        fail_job j = {2, 2 + k % 6, 0, NULL, 40000, 0, 0, 0};
         tr_job kj = {prov, 5, 20000, 60, 1, SHM_LOCK_HANG(prov)};
         tr_replace_victim = 1;
         tr_out *o = tr_run(&kj, failover_body_soft, &j);
@@ -1684,7 +1686,7 @@ static void three_servers(const char *prov, int second) {
     uint64_t want = r[3].hash[0];
     tr_release(r);
     if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
-    fail_job j = {2, 3, 0, NULL, 15000, 3, 2, second ? 1 : 0};
+    fail_job j = {2, 3, 0, NULL, 40000, 3, 2, second ? 1 : 0};
     tr_job kj = {prov, 6, 20000, 60, 2, SHM_LOCK_HANG(prov)};
     tr_replace_victim = 1;
     tr_victim2 = second ? 1 : 0;
