@@ -10,6 +10,7 @@
  * and kill rank 1 while it runs: its slot moves to its replica, terse-run
  * starts a replacement (TERSE_REJOIN=1), which takes the slot back, and
  * the checksums are those of a run without the kill. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,7 +38,7 @@ static int fail(const char *what, terse_status s) {
 
 int main(int argc, char **argv) {
     long servers = 2, steps = 200, n = 100000, nap_ms = 2;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* option, value */
         long *v = !strcmp(argv[i], "--servers")  ? &servers
                   : !strcmp(argv[i], "--steps")  ? &steps
                   : !strcmp(argv[i], "--floats") ? &n
@@ -52,7 +53,6 @@ int main(int argc, char **argv) {
             usage(stderr, argv[0]);
             return 2;
         }
-        i++;
     }
     terse_comm *c = NULL;
     terse_status s = terse_comm_init(NULL, &c);
