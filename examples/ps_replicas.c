@@ -50,6 +50,8 @@ int main(int argc, char **argv) {
         }
         char *end = NULL;
         if (!v || i + 1 == argc || (*v = strtol(argv[i + 1], &end, 10), *end) || *v < 0) {
+            fprintf(stderr, "ps_replicas: %s '%s'%s\n", v ? "bad value for" : "unknown option",
+                    argv[i], v && i + 1 < argc ? " (a number >= 0)" : v ? " (needs a value)" : "");
             usage(stderr, argv[0]);
             return 2;
         }
