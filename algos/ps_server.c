@@ -813,6 +813,11 @@ static terse_status poll_servers(terse_ps *ps) {
     const uint8_t *lost = NULL;
     TERSE_CHECK(terse__store_poll_lost(ps->comm->store, &lost));
     if (!ps->mirror->promoted && lost[ps->mirror->slot]) TERSE_CHECK(promote(ps));
+    if (ps->awaiting && lost[ps->repl_src])
+        return TERSE_ERROR(TERSE_ERR_PEER_LOST,
+                           "parameter server rank %d (a replacement): slot %d is lost: server "
+                           "rank %d, which stood in for it, died before handing it back",
+                           ps->rank, ps->slot, ps->repl_src);
     if (ps->backup >= 0 && lost[ps->backup])
         TERSE_CHECK(terse__ps_backup_lost(ps, "the bootstrap store announced its loss", 0));
     for (;;) {

@@ -1363,6 +1363,7 @@ typedef struct fail_job {
     int victim;        /* the server kill_at kills (0: rank 1) */
     int second;        /* a server SIGKILLed once its replica's replacement caught up and
                           acknowledged 3 more steps (0: none) */
+    int third;         /* a server SIGKILLed as soon as it took a slot over (0: none) */
 } fail_job;
 
 static float fgrad(int w, int t, size_t i) {
@@ -1386,10 +1387,17 @@ static void *watch_caught_up(void *arg) {
     const volatile uint64_t *psp = &o->u[42];
     while (!*psp) usleep(100);
     const volatile int *awaiting = &((terse_ps *)(uintptr_t)*psp)->awaiting;
-    double give_up = tr_now_ms() + 60000;
-    while (!*awaiting && tr_now_ms() < give_up) usleep(50); /* serve has not begun */
-    while (*awaiting && tr_now_ms() < give_up) usleep(50);
+    const volatile uint64_t *served = &o->u[43]; /* terse_ps_serve returned */
+    while (*awaiting && !*served) usleep(50);
     o->val[3] = tr_now_ms();
+    return NULL;
+}
+
+/* fail_job.third: die as soon as this server took its mirror's slot over. */
+static void *die_on_takeover(void *arg) {
+    terse_ps *ps = arg;
+    while (!ps->mirror || !*(const volatile int *)&ps->mirror->promoted) usleep(100);
+    raise(SIGKILL);
     return NULL;
 }
 
@@ -1432,6 +1440,10 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
         o->val[2] = tr_now_ms(); /* a replacement: joined */
         if (watching) pthread_create(&watch, NULL, watch_caught_up, (void *)o);
         o->u[42] = (uint64_t)(uintptr_t)ps;
+        if (j->third && rank == j->third) {
+            pthread_t t;
+            pthread_create(&t, NULL, die_on_takeover, ps);
+        }
         if (j->second && rank == j->second && !getenv("TR_REPLACEMENT")) {
             pthread_t t;
             pthread_create(&t, NULL, die_after_catch_up, ps);
@@ -1443,6 +1455,7 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
             pthread_create(&t, NULL, die_at, o);
         }
         terse_status s = terse_ps_serve(ps);
+        o->u[43] = 1;
         if (watching) pthread_join(watch, NULL);
         o->u[5] = (uint64_t)s;
         snprintf(o->err, sizeof o->err, "%s", terse_last_error());
@@ -1491,7 +1504,7 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
 /* The same training, replicated or not, gives the same bits; every step a
  * head closes is acknowledged by its replica first. */
 Test(ps, replicas_keep_each_closed_step_on_both_servers_and_change_no_bits) {
-    fail_job one = {1, 0, 0, NULL, 0, 0, 0, 0}, two = {2, 0, 0, NULL, 0, 0, 0, 0};
+    fail_job one = {1, 0, 0, NULL, 0, 0, 0, 0, 0}, two = {2, 0, 0, NULL, 0, 0, 0, 0, 0};
     tr_job job = {"shm", 5, 20000, 60, -1, NULL};
     tr_out *a = tr_run(&job, failover_body, &one);
     tr_out *b = tr_run(&job, failover_body, &two);
@@ -1542,7 +1555,7 @@ static int lost_to_shm_lock(const char *prov, const tr_out *o, int nprocs, int d
  * TERSE_FAILOVER_TRIALS sets the moments (2 here; the campaign runs 10);
  * prints the recovery time, kill to the next step a worker completed. */
 static void failover(const char *prov) {
-    fail_job ref = {2, 0, 0, NULL, 0, 0, 0, 0};
+    fail_job ref = {2, 0, 0, NULL, 0, 0, 0, 0, 0};
     tr_job job = {prov, 5, 20000, 90, -1, NULL};
     tr_out *r = tr_run(&job, failover_body, &ref);
     cr_assert_eq(r[2].status, 0, "%s", r[2].err);
@@ -1559,7 +1572,7 @@ static void failover(const char *prov) {
     for (int k = 0; k < trials; k++) {
         /* from the first steps to the last ones */
         fail_job j = {2, 1 + (int)((double)(steps - 3) * (k + 0.5) / trials), 0, NULL, 0,
-                      0, 0, 0};
+                      0, 0, 0, 0};
         tr_job kj = {prov, 5, 20000, 90, 1, SHM_LOCK_HANG(prov)};
         tr_out *o = tr_run(&kj, failover_body_soft, &j);
         if (lost_to_shm_lock(prov, o, 5, 1, -1, j.kill_at)) {
@@ -1614,7 +1627,7 @@ Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_shm) { fail
  * nobody died in. Then the replacement itself is killed... no: it serves
  * to the end, closes steps and replicates them to server 0. */
 static void replacement(const char *prov) {
-    fail_job ref = {2, 0, 0, NULL, 12000, 0, 0, 0};
+    fail_job ref = {2, 0, 0, NULL, 12000, 0, 0, 0, 0};
     tr_job job = {prov, 5, 20000, 90, -1, NULL};
     tr_out *r = tr_run(&job, failover_body, &ref);
     cr_assert_eq(r[2].status, 0, "%s", r[2].err);
@@ -1630,7 +1643,7 @@ static void replacement(const char *prov) {
         if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
         /* 40 ms between steps: the replacement (a new process, 0.1-0.5 s to
          * join) arrives mid-run even on a loaded machine */
-        fail_job j = {2, 2 + k % 6, 0, NULL, 40000, 0, 0, 0};
+        fail_job j = {2, 2 + k % 6, 0, NULL, 40000, 0, 0, 0, 0};
         tr_job kj = {prov, 5, 20000, 60, 1, SHM_LOCK_HANG(prov)};
         tr_replace_victim = 1;
         tr_out *o = tr_run(&kj, failover_body_soft, &j);
@@ -1679,14 +1692,14 @@ static void replacement(const char *prov) {
  * death, the end of serving is the test: server 1's last roster to the
  * replacement races the workers' goodbyes to it (which once hung them). */
 static void three_servers(const char *prov, int second) {
-    fail_job ref = {2, 0, 0, NULL, 15000, 3, 0, 0};
+    fail_job ref = {2, 0, 0, NULL, 15000, 3, 0, 0, 0};
     tr_job job = {prov, 6, 20000, 90, -1, NULL};
     tr_out *r = tr_run(&job, failover_body, &ref);
     cr_assert_eq(r[3].status, 0, "%s", r[3].err);
     uint64_t want = r[3].hash[0];
     tr_release(r);
     if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
-    fail_job j = {2, 3, 0, NULL, 40000, 3, 2, second ? 1 : 0};
+    fail_job j = {2, 3, 0, NULL, 40000, 3, 2, second ? 1 : 0, 0};
     tr_job kj = {prov, 6, 20000, 60, 2, SHM_LOCK_HANG(prov)};
     tr_replace_victim = 1;
     tr_victim2 = second ? 1 : 0;
@@ -1723,6 +1736,40 @@ Test(ps, a_replacement_catches_up_as_a_replica_and_takes_over_when_its_head_dies
     three_servers("shm", 1);
 }
 Test(ps, a_replacement_replica_ends_serving_with_everyone_else_tcp) { three_servers("tcp", 0); }
+
+/* Three servers: server 1 dies, server 2 takes slot 1 over and dies too;
+ * then server 1's replacement joins. Slot 1 is lost: the replacement ends
+ * at once with TERSE_ERR_PEER_LOST saying so (it does not wait for a slot
+ * that cannot come back), and the workers fail naming the slot. */
+Test(ps, a_replacement_whose_slot_died_with_its_stand_in_says_so_at_once) {
+    fail_job j = {2, 3, 0, NULL, 40000, 3, 1, 0, 2};
+    tr_job kj = {"tcp", 6, 20000, 60, 1, NULL};
+    tr_known_segv = TR_RXM_TEARDOWN_SEGV;
+    tr_replace_victim = 1;
+    tr_victim2 = 2;
+    tr_out *o = tr_run(&kj, failover_body_soft, &j);
+    tr_replace_victim = 0;
+    tr_victim2 = 0;
+    tr_known_segv = NULL;
+    tr_out *rp = &o[6];
+    cr_assert(rp->finished, "the replacement did not finish: %s", rp->err);
+    cr_assert_eq(rp->u[5], TERSE_ERR_PEER_LOST, "the replacement's serve: %s", rp->err);
+    cr_assert(strstr(rp->err, "slot 1 is lost: server rank 2, which stood in for it, died before "
+                              "handing it back"), "%s", rp->err);
+    cr_assert_lt(rp->val[1] - rp->val[2], 5000.0, "the replacement took %.0f ms to give up",
+                 rp->val[1] - rp->val[2]);
+    /* The first worker to fail names the slot; the others may fail first
+     * on its loss (sync mode without a quorum cannot go on without it). */
+    int named = 0, seen = 0;
+    for (int w = 3; w < 6; w++) {
+        if (!o[w].finished) continue; /* rxm's teardown crash, reported */
+        seen++;
+        cr_assert_eq(o[w].status, TERSE_ERR_PEER_LOST, "worker %d: %s", w, o[w].err);
+        named += strstr(o[w].err, "slot 1") != NULL;
+    }
+    cr_assert(!seen || named, "no worker names slot 1 (%s)", o[3].err);
+    tr_release(o);
+}
 
 /* A replacement can only serve a parameter server with replicas 2: its
  * collectives and a worker's terse_ps_create are refused with a sentence.
@@ -1784,7 +1831,7 @@ Test(ps, a_killed_heads_replacement_takes_its_slots_back_with_the_same_bits_shm)
  * before the last one is acknowledged, so every step it closed is
  * acknowledged and the replica never gets one it was not sent. */
 Test(ps, replicas_with_a_deadline_replicate_every_step_in_order) {
-    fail_job j = {2, 0, 0, "sync:deadline_ms=5", 30000, 0, 0, 0};
+    fail_job j = {2, 0, 0, "sync:deadline_ms=5", 30000, 0, 0, 0, 0};
     tr_job job = {"shm", 5, 20000, 60, -1, NULL};
     tr_out *o = tr_run(&job, failover_body, &j);
     for (int s = 0; s < 2; s++) {
@@ -1805,7 +1852,7 @@ Test(ps, replicas_with_a_deadline_replicate_every_step_in_order) {
  * it, the surviving workers fail naming it (sync without a quorum), and
  * serving ends instead of waiting for the dead worker's goodbye. */
 Test(ps, replicas_a_killed_worker_ends_serving_on_both_instances) {
-    fail_job j = {2, 0, 5, NULL, 0, 0, 0, 0};
+    fail_job j = {2, 0, 5, NULL, 0, 0, 0, 0, 0};
     tr_job job = {"tcp", 5, 5000, 20, 4, NULL};
     tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_out *o = tr_run(&job, failover_body_soft, &j);
