@@ -975,8 +975,10 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * communicator serves the parameter server only: collectives on it fail
  * with TERSE_ERR_INVALID (the others' went on without it), and so does a
  * replacement that is a worker or runs replicas 1. If the server standing
- * in dies during the hand-back, the slot is lost (requests fail after 3/4
- * of the timeout, naming it).
+ * in dies before the slot is back, the slot is lost: the replacement's
+ * terse_ps_serve fails with TERSE_ERR_PEER_LOST saying so; if the slot
+ * does not come back within the timeout (the job ended before the
+ * replacement joined), with TERSE_ERR_TIMEOUT.
  *
  * Threading: calls on one terse_ps from one thread at a time; requests
  * may be tested and waited for as the engine allows. A request belongs to
