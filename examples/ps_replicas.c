@@ -71,10 +71,11 @@ int main(int argc, char **argv) {
         (s = terse_ps_declare(ps, 0, (size_t)n, NULL, NULL, NULL)) != TERSE_OK) {
         rc = fail("terse_ps_create / terse_ps_declare", s);
     } else if (terse_ps_is_server(ps)) {
-        fprintf(stderr, "ps_replicas: rank %d serving\n", terse_comm_rank(c));
+        fprintf(stderr, "ps_replicas: rank %d ready (serving)\n", terse_comm_rank(c));
         if ((s = terse_ps_serve(ps)) != TERSE_OK) rc = fail("terse_ps_serve", s);
     } else {
         int rank = terse_comm_rank(c);
+        fprintf(stderr, "ps_replicas: rank %d ready (training)\n", rank);
         float *x = malloc((size_t)n * sizeof *x);
         for (long t = 0; x && t < steps && rc == 0; t++) {
             for (long i = 0; i < n; i++) x[i] = sinf(0.37f * (float)(rank * 131 + t) + 0.01f * (float)i);

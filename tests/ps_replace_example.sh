@@ -34,8 +34,11 @@ kill_run() {
     timeout -k 5 90 "$TR" -n 5 --provider "$prov" --timeout-ms 20000 --replace 1 "$EX" "${args[@]}" \
         >"$work/kill.out" 2>"$work/kill.err" &
     local job=$!
-    for _ in $(seq 200); do # 10 s at most for rank 1 to serve
-        grep -q '^\[1\] ps_replicas: rank 1 serving' "$work/kill.err" 2>/dev/null &&
+    # Kill only once every rank is past init and terse_ps_create: a rank lost
+    # while another is still in init's store exchanges fails that init (as
+    # it should: the job has not started).
+    for _ in $(seq 200); do # 10 s at most for every rank to be ready
+        [ "$(grep -c 'ps_replicas: rank [0-9] ready' "$work/kill.err" 2>/dev/null)" = 5 ] &&
             victim=$(rank_pid 1)
         [ -n "$victim" ] && break
         sleep 0.05
