@@ -501,7 +501,9 @@ Test(ps, ssp_a_nonfinite_push_is_not_applied_and_holds_nobody) {
  * by 3 D: the round closes at its deadline with worker 2's push alone,
  * and worker 1's push is refused as late. */
 #define ROUNDS 4
-#define DEADLINE_MS 400
+/* long enough that no sampled worker misses a round on a loaded 2-core
+ * machine (400 ms once did, in CI, beside the replacement tests) */
+#define DEADLINE_MS 1000
 static int sampled(int w, int r) { return r % 2 ? w >= 2 : w <= 2; }
 
 /* Rounds' variants: worker 3 dies in round 1; pushes weighted w + 1
@@ -527,7 +529,9 @@ static int rounds_body(terse_comm *c, tr_out *o, const void *arg) {
     const rounds_job *j = arg;
     const int dies = j && j->dies;
     terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
-    TR_CALL(o, terse_ps_config_parse("sync:quorum=2,deadline_ms=400", &cfg));
+    char spec[64];
+    snprintf(spec, sizeof spec, "sync:quorum=2,deadline_ms=%d", DEADLINE_MS);
+    TR_CALL(o, terse_ps_config_parse(spec, &cfg));
     terse_ps *ps = NULL;
     TR_CALL(o, terse_ps_create(c, &cfg, &ps));
     TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
