@@ -368,6 +368,9 @@ void terse__ps_repl_cancel(terse_ps *ps);
  * replacement r catches up (the roster, then every key's state). */
 terse_status terse__ps_hand_back(terse_ps *m, uint32_t inc);
 terse_status terse__ps_backup_add(terse_ps *ps, int r);
+/* Mirror: the replacement it was handing the slot to died; let the
+ * hand-back's transfers go. */
+void terse__ps_stop_handing(terse_ps *m);
 /* Head: tell a replacement replica that serving ended (every worker done). */
 void terse__ps_tell_done(terse_ps *ps);
 /* ps_server.c, for ps_replica.c: a roster (per rank: bit 0 finished) and

@@ -308,6 +308,11 @@ void terse__ps_tell_done(terse_ps *ps) {
     }
 }
 
+/* A transfer that will not cancel is given up (shm may never return it). */
+static void let_go(terse__fabric *f, terse__fabric_req *r) {
+    if (!terse__fabric_cancel(f, r)) (void)terse__fabric_give_up(f, r);
+}
+
 /* The replica is dead: what is posted to it may never come back on shm,
  * so what will not cancel is given up (its buffers stay with the shard). */
 static int cancel_repl(terse_ps *ps, terse__ps_shard *sh) {
@@ -341,10 +346,8 @@ terse_status terse__ps_backup_lost(terse_ps *ps, const char *how, int maybe_aliv
     }
     ps->backup = -1;
     ps->backup_fresh = 0;
-    terse__fabric *f = ps->comm->fabric;
-    terse__fabric_req *rr[2] = {&ps->roster_hreq, &ps->roster_dreq};
-    for (int i = 0; i < 2; i++)
-        if (!terse__fabric_cancel(f, rr[i])) (void)terse__fabric_give_up(f, rr[i]);
+    let_go(ps->comm->fabric, &ps->roster_hreq);
+    let_go(ps->comm->fabric, &ps->roster_dreq);
     for (size_t k = 0; k < ps->nkeys; k++) {
         terse__ps_shard *sh = ps->keys[k]->shard;
         if (!sh || !sh->repl_pending) continue;
@@ -387,6 +390,18 @@ static terse_status head_progress(terse_ps *ps) {
         TERSE_CHECK(terse__ps_maybe_close(ps, k)); /* a step that waited for this ack */
     }
     return TERSE_OK;
+}
+
+void terse__ps_stop_handing(terse_ps *m) {
+    if (!m->handing) return;
+    for (size_t k = 0; k < m->nkeys; k++) {
+        terse__ps_shard *sh = m->keys[k]->shard;
+        if (!sh) continue;
+        (void)cancel_repl(m, sh); /* what will not cancel is given up */
+        sh->repl_pending = 0;
+    }
+    m->handing = 0;
+    m->backup = -1;
 }
 
 /* A mirror handing its slot back: collect the replacement's acks. A
@@ -595,10 +610,6 @@ terse_status terse__ps_repl_progress(terse_ps *ps) {
     if (m->handing) TERSE_CHECK(handing_progress(m));
     if (m->promoted) return TERSE_OK;
     return listen(m);
-}
-
-static void let_go(terse__fabric *f, terse__fabric_req *r) {
-    if (!terse__fabric_cancel(f, r)) (void)terse__fabric_give_up(f, r);
 }
 
 void terse__ps_repl_cancel(terse_ps *ps) {

@@ -730,6 +730,20 @@ static terse_status poll_losses(terse_ps *ps) {
     return any ? after_loss(ps) : TERSE_OK;
 }
 
+/* An instance that serves a slot from now on (a promoted replica, a
+ * replacement with its slot back): its clocks start now. Returns the
+ * slot's step (the last key's version). */
+static uint64_t start_serving(terse_ps *ps) {
+    uint64_t now = terse__now_ns(), step = 0;
+    ps->heard_ns = now;
+    for (size_t k = 0; k < ps->nkeys; k++)
+        if (ps->keys[k]->shard) {
+            ps->keys[k]->shard->opened_ns = now;
+            step = ps->keys[k]->shard->version;
+        }
+    return step;
+}
+
 /* replicas 2: the head of the mirror's slot was lost, so the mirror
  * serves the slot from its last acknowledged step on (ps_replica.c). */
 static terse_status promote(terse_ps *ps) {
@@ -737,30 +751,13 @@ static terse_status promote(terse_ps *ps) {
     terse__fabric *f = ps->comm->fabric;
     if (!terse__fabric_cancel(f, &m->rhreq)) (void)terse__fabric_give_up(f, &m->rhreq);
     if (!terse__fabric_cancel(f, &m->rdreq)) (void)terse__fabric_give_up(f, &m->rdreq);
-    if (m->handing) { /* the replacement died while the slot went back to it */
-        for (size_t k = 0; k < m->nkeys; k++) {
-            terse__ps_shard *sh = m->keys[k]->shard;
-            terse__fabric_req *r[3] = {sh ? &sh->ack_req : NULL, sh ? &sh->repl_hreq : NULL,
-                                       sh ? &sh->repl_dreq : NULL};
-            for (int i = 0; sh && i < 3; i++)
-                if (!terse__fabric_cancel(f, r[i])) (void)terse__fabric_give_up(f, r[i]);
-            if (sh) sh->repl_pending = 0;
-        }
-        m->handing = 0;
-        m->backup = -1;
-    }
+    terse__ps_stop_handing(m); /* the replacement died while the slot went back to it */
     if (m->catching && !m->abandoned) m->abandoned = 2; /* it never had the whole slot */
     m->promoted = 1;
     m->took_over = 1;
     m->listening = 0;
     m->stats.takeovers += !m->abandoned;
-    uint64_t now = terse__now_ns(), step = 0;
-    m->heard_ns = now;
-    for (size_t k = 0; k < m->nkeys; k++)
-        if (m->keys[k]->shard) {
-            m->keys[k]->shard->opened_ns = now;
-            step = m->keys[k]->shard->version;
-        }
+    uint64_t step = start_serving(m);
     if (m->abandoned)
         fprintf(stderr,
                 "terse: parameter server rank %d: server rank %d, the head of slot %d, was lost "
@@ -855,13 +852,7 @@ terse_status terse__ps_caught_up(terse_ps *ps) {
     ps->listening = 0;
     ps->backup = (ps->rank + 1) % ps->nservers;
     ps->rseq = 0;
-    uint64_t now = terse__now_ns(), step = 0;
-    ps->heard_ns = now;
-    for (size_t k = 0; k < ps->nkeys; k++)
-        if (ps->keys[k]->shard) {
-            ps->keys[k]->shard->opened_ns = now;
-            step = ps->keys[k]->shard->version;
-        }
+    uint64_t step = start_serving(ps);
     fprintf(stderr,
             "terse: parameter server rank %d (a replacement) has slot %d back from server rank "
             "%d, at step %llu (epoch %u)\n",
