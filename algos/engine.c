@@ -344,7 +344,27 @@ static void *progress_main(void *arg) {
     return NULL;
 }
 
+/* Complete a queued request (a group: its members, and free it). */
+static void complete_queued(terse_comm *c, terse_request *q, terse_status s) {
+    if (q->kind != TERSE__OP_GROUP) {
+        complete_as(c, q, s);
+        return;
+    }
+    for (terse_request *m = q->members, *mn; m; m = mn) {
+        mn = m->next;
+        complete_as(c, m, s);
+    }
+    free(q);
+}
+
 void terse__engine_enqueue(terse_comm *c, terse_request *r) {
+    if (atomic_load(&c->abandoned)) { /* nobody would ever run it */
+        complete_queued(c, r, TERSE_ERROR(c->fail_status ? c->fail_status : TERSE_ERR_TIMEOUT,
+                                          "%s on rank %d: not run: %s",
+                                          terse__engine_kind_name(r->kind), c->rank,
+                                          terse__engine_unprefixed(c->failure)));
+        return;
+    }
     r->next = NULL;
     if (c->q_tail) c->q_tail->next = r;
     else c->q_head = r;
@@ -392,15 +412,7 @@ static void watchdog(terse_comm *c) {
     }
     for (terse_request *q = c->q_head, *next; q; q = next) {
         next = q->next;
-        if (q->kind == TERSE__OP_GROUP) {
-            for (terse_request *m = q->members, *mn; m; m = mn) {
-                mn = m->next;
-                complete_as(c, m, s);
-            }
-            free(q);
-        } else {
-            complete_as(c, q, s);
-        }
+        complete_queued(c, q, s);
     }
     c->q_head = c->q_tail = NULL;
     c->running = NULL;

@@ -121,11 +121,10 @@ static terse_request make(terse_comm *c, terse__op_kind kind) {
 
 terse_request terse__engine_make(terse_comm *c, terse__op_kind kind) { return make(c, kind); }
 
-terse_status terse__engine_start_ext(terse_comm *c, const terse_request *tmpl,
-                                     terse_request **out) {
-    const char *what = tmpl->a.ext.name;
-    if (out) *out = NULL;
-    if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: request pointer is NULL", what);
+/* An extension's request (the parameter server's) on a communicator that
+ * failed is refused at once: it would fail when run anyway, and after the
+ * watchdog abandoned the progress thread nothing would ever run it. */
+static terse_status admit_ext(terse_comm *c, const char *what) {
     TERSE_CHECK(ours(c, what));
     pthread_mutex_lock(&c->lock);
     int broken = c->failed || c->refusing;
@@ -135,6 +134,15 @@ terse_status terse__engine_start_ext(terse_comm *c, const terse_request *tmpl,
     if (broken)
         return TERSE_ERROR(TERSE_ERR_INVALID, "%s on rank %d: communicator failed earlier: %s",
                            what, c->rank, why);
+    return TERSE_OK;
+}
+
+terse_status terse__engine_start_ext(terse_comm *c, const terse_request *tmpl,
+                                     terse_request **out) {
+    const char *what = tmpl->a.ext.name;
+    if (out) *out = NULL;
+    if (!out) return TERSE_ERROR(TERSE_ERR_INVALID, "%s: request pointer is NULL", what);
+    TERSE_CHECK(admit_ext(c, what));
     terse_request *r = malloc(sizeof *r);
     if (!r) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for a request", c->rank);
     memcpy(r, tmpl, sizeof *r);
@@ -144,7 +152,7 @@ terse_status terse__engine_start_ext(terse_comm *c, const terse_request *tmpl,
 }
 
 terse_status terse__engine_run_ext(terse_comm *c, terse_request *r) {
-    TERSE_CHECK(ours(c, r->a.ext.name));
+    TERSE_CHECK(admit_ext(c, r->a.ext.name));
     return run_blocking(c, r);
 }
 

@@ -114,6 +114,13 @@ static void (*tr_before_init)(int rank, const void *arg);
  * finished == 0 for the caller, not a test failure by itself. */
 static const char *tr_known_segv;
 
+/* 1 if a rank reported the shm provider's spin on a dead peer's lock. */
+static inline int tr_spun_(const tr_out *outs, int n) {
+    for (int r = 0; r < n; r++)
+        if (strstr(outs[r].err, TR_SHM_LOCK_SPIN)) return 1;
+    return 0;
+}
+
 /* Run body on every rank of job; returns the shared outputs (munmap with
  * tr_release). Asserts that every rank (but the victim) exited 0. */
 static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
@@ -219,6 +226,13 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
         }
         if (r == job->victim || (tr_victim2 && r == tr_victim2)) {
             if (pids[r] > 0) tr_remove_shm_of(pids[r]);
+            if (job->known_hang && r == tr_victim2 && !WIFSIGNALED(status[r]) && tr_spun_(outs, n)) {
+                /* the first death left a survivor spinning on shm's lock:
+                 * the job fell apart before the second victim's moment */
+                fprintf(stderr, "WARNING: KNOWN LIMITATION: second victim rank %d was never "
+                                "killed: %s\n", r, job->known_hang);
+                continue;
+            }
             cr_assert(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL,
                       "victim rank %d was not killed (status %#x)", r, status[r]);
             continue;

@@ -369,3 +369,79 @@ static void check_notice(int pace_ms) {
 
 Test(loss_notice, fails_within_1s_however_the_calls_are_paced_back_to_back) { check_notice(0); }
 Test(loss_notice, fails_within_1s_however_the_calls_are_paced_5ms_apart) { check_notice(5); }
+
+/* ------------------------------------------------------------ abandoned */
+
+#include "transport/fabric_impl.h"
+
+/* An extension request that behaves like libfabric shm spinning on a dead
+ * peer's lock: it enters a provider call and never leaves. */
+static terse_status stuck_run(terse_comm *c, terse_request *r, int *keep_usable) {
+    (void)r, (void)keep_usable;
+    terse__fabric_enter(c->fabric, 1, "a stuck test call");
+    for (;;) pause();
+    return TERSE_OK;
+}
+
+static terse_status quick_run(terse_comm *c, terse_request *r, int *keep_usable) {
+    (void)c, (void)r, (void)keep_usable;
+    return TERSE_OK;
+}
+
+static terse_request ext_of(terse_comm *c, terse__ext_fn run, const char *name) {
+    terse_request t = terse__engine_make(c, TERSE__OP_EXT);
+    t.a.ext.run = run;
+    t.a.ext.name = name;
+    return t;
+}
+
+/* On shm the watchdog gives up on a progress thread stuck inside a
+ * provider call. Every later call must fail at once and say why -- a
+ * blocking extension call (the parameter server's terse_ps_free says
+ * goodbye through one) once waited forever for the abandoned thread --
+ * and terse_comm_free must return. Rank 0 only; rank 1 waits for it.
+ * u[0..3]: the statuses of the stuck request, a blocking extension call,
+ * a started one, an allreduce; val[0]: ms for the three after the first;
+ * val[1]: ms terse_comm_free took (measured by the body's caller: it is
+ * called here instead). */
+static int abandoned_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    if (terse_comm_rank(c) == 1) {
+        usleep(2500 * 1000);
+        return 0;
+    }
+    terse_request t = ext_of(c, stuck_run, "stuck"), *r = NULL;
+    TR_CALL(o, terse__engine_start_ext(c, &t, &r));
+    o->u[0] = (uint64_t)terse_request_wait(r);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    terse_request_free(r);
+    double t0 = tr_now_ms();
+    terse_request q = ext_of(c, quick_run, "quick");
+    o->u[1] = (uint64_t)terse__engine_run_ext(c, &q);
+    o->hash[1] = strstr(terse_last_error(), "spun inside") != NULL;
+    terse_request s = ext_of(c, quick_run, "quick"), *sr = NULL;
+    terse_status st = terse__engine_start_ext(c, &s, &sr);
+    if (st == TERSE_OK) {
+        st = terse_request_wait(sr);
+        terse_request_free(sr);
+    }
+    o->u[2] = (uint64_t)st;
+    float x = 1;
+    o->u[3] = (uint64_t)terse_allreduce(c, &x, 1, NULL, TERSE_OP_SUM);
+    o->val[0] = tr_now_ms() - t0;
+    return 0;
+}
+
+Test(abandoned, every_call_after_the_watchdog_gave_up_fails_at_once_and_free_returns) {
+    tr_job job = {"shm", 2, 5000, 30, -1, NULL};
+    tr_out *o = tr_run(&job, abandoned_body, NULL);
+    cr_assert(o[0].finished, "rank 0 did not finish (terse_comm_free did not return?)");
+    cr_expect_eq(o[0].u[0], TERSE_ERR_TIMEOUT, "the stuck request: %llu: %s",
+                 (unsigned long long)o[0].u[0], o[0].err);
+    cr_expect(strstr(o[0].err, "spun inside a stuck test call (rank 1)"), "%s", o[0].err);
+    for (int k = 1; k <= 3; k++)
+        cr_expect(o[0].u[k] != TERSE_OK, "call %d after the watchdog returned TERSE_OK", k);
+    cr_expect_eq(o[0].hash[1], 1, "the blocking call does not say why it failed");
+    cr_expect_lt(o[0].val[0], 500.0, "the calls after the watchdog took %.0f ms", o[0].val[0]);
+    tr_release(o);
+}
