@@ -445,3 +445,85 @@ Test(abandoned, every_call_after_the_watchdog_gave_up_fails_at_once_and_free_ret
     cr_expect_lt(o[0].val[0], 500.0, "the calls after the watchdog took %.0f ms", o[0].val[0]);
     tr_release(o);
 }
+
+/* ------------------------------------------------------------ shm lock */
+
+#include <fcntl.h>
+#include <sys/mman.h>
+
+/* Take the spinlock in rank r's shm region (libfabric 1.17's layout: the
+ * lock at byte 24), as a sender killed inside libfabric leaves it.
+ * The region's file is the one this rank's fabric recorded for r. */
+static int take_region_lock_of(terse_comm *c, int r) {
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm/%s", c->fabric->shm[r].file);
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return -1;
+    void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return -1;
+    pthread_spinlock_t *lock = (pthread_spinlock_t *)((char *)m + 24);
+    for (int i = 0; pthread_spin_trylock(lock) != 0; i++) {
+        if (i > 100000) return -1; /* its owner holds it a moment now and then */
+        usleep(10);
+    }
+    /* and signal the owner, as a sender does: its progress then runs and
+     * wants the lock (the signal word follows the lock) */
+    __atomic_store_n((int32_t *)((char *)m + 28), 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* Rank 2 takes rank 0's region lock, signals rank 0, and dies (SIGKILL)
+ * or stops (SIGSTOP); ranks 0 and 1 then run an allreduce with it, and
+ * rank 0's progress spins on its own lock. u[0]: rank 0's status; val[0]: ms. */
+static int held_lock_body(terse_comm *c, tr_out *o, const void *arg) {
+    const int sig = *(const int *)arg, r = terse_comm_rank(c);
+    tr_out *all = o - r;
+    if (r == 2) all[2].u[10] = (uint64_t)getpid();
+    TR_CALL(o, terse_barrier(c));
+    o->u[11] = 1; /* out of the barrier (rank 2's death must not fail it) */
+    if (r == 2) {
+        while (!__atomic_load_n(&all[0].u[11], __ATOMIC_ACQUIRE) ||
+               !__atomic_load_n(&all[1].u[11], __ATOMIC_ACQUIRE))
+            usleep(1000);
+        if (take_region_lock_of(c, 0) != 0)
+            return tr_fail(o, TERSE_ERR_INTERNAL, "rank 0's shm region lock could not be taken");
+        raise(sig);
+        return 0;
+    }
+    usleep(100 * 1000);
+    float x[64] = {0};
+    double t0 = tr_now_ms();
+    o->u[0] = (uint64_t)terse_allreduce(c, x, 64, NULL, TERSE_OP_SUM);
+    o->val[0] = tr_now_ms() - t0;
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    if (sig == SIGSTOP && r == 0) kill((pid_t)all[2].u[10], SIGKILL);
+    return 0;
+}
+
+/* A lock a dead process held is released, and the survivor reports the
+ * death itself (PEER_LOST naming rank 2) instead of giving up on its
+ * transport; the watchdog's TIMEOUT is what it got before. */
+Test(shm_lock, a_lock_held_by_a_dead_rank_is_released_and_the_loss_reported) {
+    int sig = SIGKILL;
+    tr_job job = {"shm", 3, 5000, 30, 2, NULL};
+    tr_out *o = tr_run(&job, held_lock_body, &sig);
+    cr_assert(o[0].finished, "rank 0 did not finish");
+    cr_expect_eq(o[0].u[0], TERSE_ERR_PEER_LOST, "rank 0: %s", o[0].err);
+    cr_expect(strstr(o[0].err, "rank 2"), "rank 0's sentence does not name rank 2: %s", o[0].err);
+    cr_expect(!strstr(o[0].err, "spun inside"), "rank 0 gave up on its transport: %s", o[0].err);
+    cr_expect_lt(o[0].val[0], 5000.0, "rank 0 took %.0f ms", o[0].val[0]);
+    tr_release(o);
+}
+
+/* A stopped process may hold the lock and resume inside its section: no
+ * release then, and the watchdog gives up (TIMEOUT naming the spin). */
+Test(shm_lock, a_lock_held_by_a_stopped_rank_is_left_alone) {
+    int sig = SIGSTOP;
+    tr_job job = {"shm", 3, 5000, 30, 2, NULL};
+    tr_out *o = tr_run(&job, held_lock_body, &sig);
+    cr_assert(o[0].finished, "rank 0 did not finish");
+    cr_expect_eq(o[0].u[0], TERSE_ERR_TIMEOUT, "rank 0: %s", o[0].err);
+    cr_expect(strstr(o[0].err, "spun inside"), "rank 0: %s", o[0].err);
+    tr_release(o);
+}

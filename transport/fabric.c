@@ -266,6 +266,7 @@ void terse__fabric_close(terse__fabric *f) {
     if (f->info) fi_freeinfo(f->info);
     free(f->slots);
     free(f->addrs);
+    free(f->shm);
     free(f);
 }
 
@@ -375,6 +376,10 @@ terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t
         }
     }
     f->addrs = addrs;
+    for (int r = 0; r < f->nranks; r++) {
+        const uint8_t *b = all + (size_t)r * name_len;
+        terse__fabric_shm_note_peer(f, r, b + TERSE__NAME_ADDR_OFF, terse__get_u32(b + 4));
+    }
     return TERSE_OK;
 }
 
@@ -411,6 +416,8 @@ terse_status terse__fabric_replace_peer(terse__fabric *f, int peer, const void *
                            f->rank, peer, f->provider,
                            ret < 0 ? fi_strerror(-ret) : "address rejected");
     f->addrs[peer] = a;
+    terse__fabric_shm_note_peer(f, peer, (const uint8_t *)name + TERSE__NAME_ADDR_OFF,
+                                terse__get_u32((const uint8_t *)name + 4));
     return terse__fabric_rekey_peer(f, peer, nonce);
 }
 

@@ -5,6 +5,8 @@
 #ifndef TERSE_TRANSPORT_FABRIC_IMPL_H
 #define TERSE_TRANSPORT_FABRIC_IMPL_H
 
+#include <sys/types.h>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -54,6 +56,17 @@
      FI_MR_PROV_KEY | FI_MR_RAW)
 
 typedef struct terse__fabric_op terse__fabric_op;
+
+/* A shm rank's region: its file under /dev/shm and its owner's pid. */
+typedef struct terse__fabric_shm_peer {
+    char file[TERSE__NAME_ADDR_MAX];
+    pid_t pid;
+} terse__fabric_shm_peer;
+#define TERSE__SHM_GONE_MAX 16
+
+/* fabric_shm.c: remember rank r's region (its address from the name
+ * blob), at set_peers and at a replacement. */
+void terse__fabric_shm_note_peer(terse__fabric *f, int r, const uint8_t *addr, size_t alen);
 
 /* One posted chunk: the libfabric operation context. ctx comes first so
  * the pointer libfabric hands back in a completion is the slot itself, and
@@ -198,6 +211,14 @@ struct terse__fabric {
     _Atomic int call_peer;
     const char *_Atomic call_what;
     _Atomic int abandoned;
+
+    /* shm (fabric_shm.c): every rank's region file and pid, the pids
+     * replacements took over from, the stuck call last tried (its
+     * call_since) and the locks released. */
+    terse__fabric_shm_peer *shm;
+    pid_t shm_gone[TERSE__SHM_GONE_MAX];
+    int shm_ngone;
+    uint64_t shm_tried, shm_rescues;
 };
 
 /* fabric_info.c: resolve a user provider name ("shm", "tcp", ..., "auto")
