@@ -97,7 +97,7 @@ static int dense_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 static void check_dense(const char *provider, int nranks) {
-    tr_job job = {provider, nranks, 10000, 40, -1, NULL};
+    tr_job job = {provider, nranks, 10000, 40, -1};
     tr_out *o = tr_run(&job, dense_body, NULL);
     size_t slots = o[0].u[TR_SLOTS - 1];
     cr_assert_eq(slots, 14);
@@ -281,7 +281,7 @@ static int codec_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 static tr_out *run_codecs(const char *provider, int nranks) {
-    tr_job job = {provider, nranks, 10000, 40, -1, NULL};
+    tr_job job = {provider, nranks, 10000, 40, -1};
     tr_out *o = tr_run(&job, codec_body, NULL);
     if (getenv("TR_VERBOSE"))
         for (size_t ci = 0; ci < NCASES; ci++)
@@ -368,7 +368,7 @@ static int ef_body(terse_comm *c, tr_out *o, const void *arg) {
 Test(codec_allreduce, error_feedback_keeps_what_the_collective_did_not_deliver) {
     cr_assert_leq(EF_NSPECS * EF_STEPS * 2 * EF_N, TR_FLOATS);
     const int N = 3;
-    tr_job job = {"shm", N, 10000, 30, -1, NULL};
+    tr_job job = {"shm", N, 10000, 30, -1};
     tr_out *o = tr_run(&job, ef_body, NULL);
     float x[EF_N];
     for (size_t si = 0; si < EF_NSPECS; si++)
@@ -460,7 +460,7 @@ static int coll_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 static void check_coll(const char *provider, int nranks) {
-    tr_job job = {provider, nranks, 10000, 30, -1, NULL};
+    tr_job job = {provider, nranks, 10000, 30, -1};
     tr_out *o = tr_run(&job, coll_body, NULL);
     uint64_t last_entry = 0;
     for (int r = 0; r < nranks; r++)
@@ -547,7 +547,7 @@ Test(comm_stats, byte_counts_are_exact) {
     unsetenv("TERSE_RD_MAX_BYTES");
     unsetenv("TERSE_RING_CHUNK_BYTES");
     const int N = 3;
-    tr_job job = {"shm", N, 10000, 30, -1, NULL};
+    tr_job job = {"shm", N, 10000, 30, -1};
     tr_out *o = tr_run(&job, stats_body, NULL);
     for (int r = 0; r < N; r++) {
         const uint64_t *u = o[r].u;

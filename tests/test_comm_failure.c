@@ -45,7 +45,7 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
  * tests/shm_faults runs the kill and stop trials. */
 static void check_killed_rank(const char *provider) {
     const int N = 3;
-    tr_job job = {provider, N, TIMEOUT_MS, 20, N - 1, NULL};
+    tr_job job = {provider, N, TIMEOUT_MS, 20, N - 1};
     if (!strcmp(provider, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_out *o = tr_run(&job, kill_body, NULL);
     tr_known_segv = NULL;
@@ -88,7 +88,7 @@ static int silent_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(comm_failure, silent_peer_times_out_naming_it) {
-    tr_job job = {"tcp", 2, 1500, 30, -1, NULL};
+    tr_job job = {"tcp", 2, 1500, 30, -1};
     tr_out *o = tr_run(&job, silent_body, NULL);
     cr_expect_eq(o[0].u[0], TERSE_ERR_TIMEOUT, "got %llu: %s", (unsigned long long)o[0].u[0],
                  o[0].err);
@@ -210,7 +210,7 @@ static int own_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(signals, a_rank_keeps_the_default_actions_of_fatal_signals) {
-    tr_job job = {"tcp", 2, 5000, 30, -1, NULL};
+    tr_job job = {"tcp", 2, 5000, 30, -1};
     tr_out *o = tr_run(&job, signals_body, NULL);
     for (int r = 0; r < 2; r++)
         cr_expect_eq(o[r].u[0], 1, "rank %d: a fatal signal's handler is not the default", r);

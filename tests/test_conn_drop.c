@@ -70,7 +70,7 @@ static int drop_body(terse_comm *c, tr_out *o, const void *arg) {
 Test(conn_drop, a_dropped_data_connection_gives_right_sums_or_a_named_error_tcp) {
     if (geteuid() != 0) cr_skip_test("needs root for ss -K");
     if (system("ss -V >/dev/null 2>&1") != 0) cr_skip_test("ss (iproute2) is not installed");
-    tr_job job = {"tcp", 2, 3000, 30, -1, NULL};
+    tr_job job = {"tcp", 2, 3000, 30, -1};
     tr_out *o = tr_run(&job, drop_body, NULL);
     cr_assert_eq(o[0].u[12], 1, "ss -K did not run");
     /* libfabric 1.17's rxm does not reconnect: the drop must show. (A

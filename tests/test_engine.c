@@ -76,7 +76,7 @@ static int reverse_body(terse_comm *c, tr_out *o, const void *arg) {
 
 static void check_reverse(const char *provider, int nranks, const char *progress) {
     setenv("TERSE_PROGRESS", progress, 1);
-    tr_job job = {provider, nranks, 20000, 120, -1, NULL};
+    tr_job job = {provider, nranks, 20000, 120, -1};
     tr_out *o = tr_run(&job, reverse_body, NULL);
     for (int r = 0; r < nranks; r++) {
         cr_expect_eq(o[r].u[1], 0, "rank %d: test after wait did not say done", r);
@@ -169,7 +169,7 @@ static int group_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(groups, small_dense_allreduces_fuse_into_few_exchanges_with_identical_bits_tcp_3) {
-    tr_job job = {"tcp", 3, 20000, 60, -1, NULL};
+    tr_job job = {"tcp", 3, 20000, 60, -1};
     tr_out *o = tr_run(&job, group_body, NULL);
     for (int r = 0; r < 3; r++) {
         cr_expect_eq(o[r].u[2], 0, "rank %d: %llu group members differ from separate calls", r,
@@ -235,7 +235,7 @@ static int abort_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(abort, from_a_second_thread_during_256MB_returns_fast_and_others_fail_tcp_3) {
-    tr_job job = {"tcp", 3, 10000, 60, -1, NULL};
+    tr_job job = {"tcp", 3, 10000, 60, -1};
     tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_out *o = tr_run(&job, abort_body, NULL);
     tr_known_segv = NULL;

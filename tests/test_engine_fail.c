@@ -39,7 +39,7 @@ Test(timeout, is_inactivity_a_512MB_allreduce_with_a_600ms_timeout_succeeds_tcp)
     big_input = malloc(BIG_FLOATS * sizeof(float));
     cr_assert_not_null(big_input);
     for (size_t i = 0; i < BIG_FLOATS; i++) big_input[i] = 1.0f;
-    tr_job job = {"tcp", 2, BIG_TIMEOUT_MS, 60, -1, NULL};
+    tr_job job = {"tcp", 2, BIG_TIMEOUT_MS, 60, -1};
     tr_out *o = tr_run(&job, big_body, NULL);
     free(big_input);
     for (int r = 0; r < 2; r++) {
@@ -103,7 +103,7 @@ static int state_body(terse_comm *c, tr_out *o, const void *arg) {
 
 static void check_state(const char *spec, size_t rows, size_t cols) {
     codec_case k = {spec, rows, cols};
-    tr_job job = {"tcp", 2, 5000, 30, 1, NULL};
+    tr_job job = {"tcp", 2, 5000, 30, 1};
     tr_out *o = tr_run(&job, state_body, &k);
     cr_expect(o[0].u[0] == TERSE_ERR_PEER_LOST || o[0].u[0] == TERSE_ERR_TIMEOUT,
               "%s: the allreduce without rank 1 returned %llu: %s", spec,
@@ -151,7 +151,7 @@ static int randk_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(randk, ranks_whose_streams_differ_get_corrupt_not_a_wrong_sum_shm) {
-    tr_job job = {"shm", 2, 5000, 30, -1, NULL};
+    tr_job job = {"shm", 2, 5000, 30, -1};
     tr_out *o = tr_run(&job, randk_body, NULL);
     for (int r = 0; r < 2; r++) {
         cr_expect_eq(o[r].u[0], TERSE_ERR_CORRUPT, "rank %d returned %llu: %s", r,
@@ -303,7 +303,7 @@ static int inflight_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 static void check_inflight(int sig) {
-    tr_job job = {"tcp", 3, 3000, 30, 2, NULL};
+    tr_job job = {"tcp", 3, 3000, 30, 2};
     tr_out *o = tr_run(&job, inflight_body, &sig);
     for (int r = 0; r < 2; r++) {
         for (int k = 0; k < INFLIGHT; k++) {
@@ -354,7 +354,7 @@ static int notice_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 static void check_notice(int pace_ms) {
-    tr_job job = {"tcp", 2, 3000, 30, -1, NULL};
+    tr_job job = {"tcp", 2, 3000, 30, -1};
     tr_out *o = tr_run(&job, notice_body, &pace_ms);
     cr_expect_eq(o[0].u[0], TERSE_ERR_PEER_LOST, "paced %d ms: rank 0 returned %llu after %llu "
                  "calls: %s", pace_ms, (unsigned long long)o[0].u[0],
@@ -433,7 +433,7 @@ static int abandoned_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(abandoned, every_call_after_the_watchdog_gave_up_fails_at_once_and_free_returns) {
-    tr_job job = {"shm", 2, 5000, 30, -1, NULL};
+    tr_job job = {"shm", 2, 5000, 30, -1};
     tr_out *o = tr_run(&job, abandoned_body, NULL);
     cr_assert(o[0].finished, "rank 0 did not finish (terse_comm_free did not return?)");
     cr_expect_eq(o[0].u[0], TERSE_ERR_TIMEOUT, "the stuck request: %llu: %s",
@@ -506,7 +506,7 @@ static int held_lock_body(terse_comm *c, tr_out *o, const void *arg) {
  * transport; the watchdog's TIMEOUT is what it got before. */
 Test(shm_lock, a_lock_held_by_a_dead_rank_is_released_and_the_loss_reported) {
     int sig = SIGKILL;
-    tr_job job = {"shm", 3, 5000, 30, 2, NULL};
+    tr_job job = {"shm", 3, 5000, 30, 2};
     tr_out *o = tr_run(&job, held_lock_body, &sig);
     cr_assert(o[0].finished, "rank 0 did not finish");
     cr_expect_eq(o[0].u[0], TERSE_ERR_PEER_LOST, "rank 0: %s", o[0].err);
@@ -520,7 +520,7 @@ Test(shm_lock, a_lock_held_by_a_dead_rank_is_released_and_the_loss_reported) {
  * release then, and the watchdog gives up (TIMEOUT naming the spin). */
 Test(shm_lock, a_lock_held_by_a_stopped_rank_is_left_alone) {
     int sig = SIGSTOP;
-    tr_job job = {"shm", 3, 5000, 30, 2, NULL};
+    tr_job job = {"shm", 3, 5000, 30, 2};
     tr_out *o = tr_run(&job, held_lock_body, &sig);
     cr_assert(o[0].finished, "rank 0 did not finish");
     cr_expect_eq(o[0].u[0], TERSE_ERR_TIMEOUT, "rank 0: %s", o[0].err);

@@ -181,7 +181,7 @@ static int comm_body(terse_comm *c, tr_out *o, const void *arg) {
 static void check_comm_fork(const char *provider) {
     become_subreaper();
     /* wall_s is below the timeout: without the notice, the test fails. */
-    tr_job tj = {provider, 3, LONG_TIMEOUT_MS, 15, 1, NULL};
+    tr_job tj = {provider, 3, LONG_TIMEOUT_MS, 15, 1};
     tr_out *o = tr_run(&tj, comm_body, NULL);
     kill_child((pid_t)o[1].u[0]);
     cr_expect_gt(o[1].u[0], 0, "rank 1 did not fork");

@@ -134,7 +134,7 @@ Test(intruder, a_flood_from_an_address_that_is_no_rank_is_dropped_tcp) {
     unsetenv("TERSE_WIRE");
     setenv("TERSE_SWEEP", "1", 1);
     attack a = {0, 100000, 4096, "random"};
-    tr_job job = {"tcp", 2, 5000, 90, -1, NULL};
+    tr_job job = {"tcp", 2, 5000, 90, -1};
     /* Seen alone in none of about 40 runs; with two floods at once on 2
      * cores, in about half: the reason the sweep is off by default. */
     tr_known_segv = "under a flood on a loaded machine a rank with TERSE_SWEEP=1 crashed inside "
@@ -173,7 +173,7 @@ Test(intruder, a_flood_from_an_address_that_is_no_rank_is_dropped_tcp) {
 Test(intruder, a_process_claiming_a_ranks_port_gets_no_wrong_sum_accepted_tcp) {
     unsetenv("TERSE_WIRE");
     attack a = {1, 20000, 4096, "low"};
-    tr_job job = {"tcp", 2, 3000, 90, -1, NULL};
+    tr_job job = {"tcp", 2, 3000, 90, -1};
     /* Seen once in about 40 runs: rank 0 crashed inside rxm. */
     tr_known_segv = "libfabric 1.17's rxm keeps the queued messages of the connection it tore "
                     "down for the impersonator, and crashes when a later receive matches a large "

@@ -204,7 +204,7 @@ static tr_out *run_job(const char *provider, int N, size_t piece_bytes) {
     char v[32];
     snprintf(v, sizeof v, "%zu", piece_bytes);
     setenv("TERSE_PIPELINE_BYTES", v, 1);
-    tr_job job = {provider, N, 20000, 120, -1, NULL};
+    tr_job job = {provider, N, 20000, 120, -1};
     tr_out *o = tr_run(&job, pipe_body, &elems);
     unsetenv("TERSE_PIPELINE_BYTES");
     expect_finished(o, N, piece_bytes ? "pipelined" : "whole messages");
@@ -319,7 +319,7 @@ Test(pieces, traits_describe_the_cut) {
 
 static void check_mismatch(const tr_mismatch *m, const char *provider, int N) {
     setenv("TERSE_PIPELINE_BYTES", "4096", 1);
-    tr_job job = {provider, N, 3000, 60, -1, NULL};
+    tr_job job = {provider, N, 3000, 60, -1};
     tr_out *o = tr_run(&job, tr_mismatch_body, m);
     unsetenv("TERSE_PIPELINE_BYTES");
     for (int r = 0; r < N; r++) {
@@ -426,7 +426,7 @@ static int liar_body(terse_comm *c, tr_out *o, const void *arg) {
 
 Test(pipe_allreduce, a_plugin_whose_fixed_size_message_is_short_is_refused, .timeout = 60) {
     setenv("TERSE_PIPELINE_BYTES", "4096", 1);
-    tr_job job = {"tcp", 2, 3000, 60, -1, NULL};
+    tr_job job = {"tcp", 2, 3000, 60, -1};
     tr_out *o = tr_run(&job, liar_body, NULL);
     unsetenv("TERSE_PIPELINE_BYTES");
     expect_finished(o, 2, "liar");
@@ -463,7 +463,7 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
 
 static void check_killed(const char *provider) {
     const int N = 3, timeout_ms = 3000;
-    tr_job job = {provider, N, timeout_ms, 30, N - 1, NULL};
+    tr_job job = {provider, N, timeout_ms, 30, N - 1};
     if (!strcmp(provider, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_out *o = tr_run(&job, kill_body, NULL);
     tr_known_segv = NULL;

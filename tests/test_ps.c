@@ -92,7 +92,7 @@ static int sync_body(terse_comm *c, tr_out *o, const void *arg) {
 
 static void sync_dense(const char *prov, int servers, int workers) {
     ps_job j = {servers, "sync", TERSE_PS_UPDATE_NONE, 0, 3000, 3, 4, NULL, NULL, 4096, -1, 0};
-    tr_job job = {prov, servers + workers, 20000, 60, -1, NULL};
+    tr_job job = {prov, servers + workers, 20000, 60, -1};
     tr_out *o = tr_run(&job, sync_body, &j);
     int W = workers, last = j.steps - 1;
     for (size_t i = 0; i < j.n; i++) {
@@ -188,7 +188,7 @@ Test(ps, quorum_drops_exactly_the_late_push) {
     unlink(log);
     setenv("TERSE_PS_QUORUM_LOG", log, 1);
     q_job q = {"tcp", 3, -1, 2};
-    tr_job job = {"tcp", 4, 20000, 60, -1, NULL};
+    tr_job job = {"tcp", 4, 20000, 60, -1};
     tr_out *o = tr_run(&job, quorum_body, &q);
     cr_assert_eq(o[0].u[5], TERSE_OK, "serve: %s", o[0].err);
     cr_assert_eq(o[0].u[0], 1, "late pushes dropped: %llu, expected exactly 1",
@@ -217,7 +217,7 @@ Test(ps, quorum_drops_exactly_the_late_push) {
 
 Test(ps, quorum_goes_on_without_a_killed_worker) {
     q_job q = {"tcp", -1, 3, 6};
-    tr_job job = {"tcp", 4, 20000, 60, 3, NULL};
+    tr_job job = {"tcp", 4, 20000, 60, 3};
     tr_out *o = tr_run(&job, quorum_body, &q);
     for (int w = 1; w <= 2; w++) cr_assert_eq(o[w].status, 0, "worker %d: %s", w, o[w].err);
     cr_assert_eq(o[0].u[5], TERSE_ERR_PEER_LOST, "serve: %s", o[0].err);
@@ -293,7 +293,7 @@ static int kill_body_soft(terse_comm *c, tr_out *o, const void *arg) {
 
 Test(ps, sync_worker_killed_fails_the_others_naming_it) {
     kill_job k = {"sync", 1, 3, 3, 5};
-    tr_job job = {"tcp", 4, 5000, 60, 3, NULL};
+    tr_job job = {"tcp", 4, 5000, 60, 3};
     tr_out *o = tr_run(&job, kill_body_soft, &k);
     for (int w = 1; w <= 2; w++) {
         cr_assert_eq(o[w].status, TERSE_ERR_PEER_LOST, "worker %d: %s", w, o[w].err);
@@ -307,7 +307,7 @@ Test(ps, sync_worker_killed_fails_the_others_naming_it) {
 
 Test(ps, async_goes_on_without_a_killed_worker) {
     kill_job k = {"async", 1, 3, 3, 12};
-    tr_job job = {"tcp", 4, 5000, 60, 3, NULL};
+    tr_job job = {"tcp", 4, 5000, 60, 3};
     tr_out *o = tr_run(&job, kill_body_soft, &k);
     for (int w = 1; w <= 2; w++) cr_assert_eq(o[w].status, 0, "worker %d: %s", w, o[w].err);
     cr_assert_eq(o[0].u[5], TERSE_ERR_PEER_LOST, "serve: %s", o[0].err);
@@ -316,7 +316,7 @@ Test(ps, async_goes_on_without_a_killed_worker) {
 
 Test(ps, server_killed_fails_the_workers_naming_it) {
     kill_job k = {"sync", 2, 2, 1, 400};
-    tr_job job = {"tcp", 4, 5000, 60, 1, NULL};
+    tr_job job = {"tcp", 4, 5000, 60, 1};
     tr_out *o = tr_run(&job, kill_body_soft, &k);
     for (int w = 2; w <= 3; w++) {
         cr_assert(o[w].status == TERSE_ERR_PEER_LOST, "worker %d: %s", w, o[w].err);
@@ -378,7 +378,7 @@ static int async_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, async_refuses_pushes_over_max_staleness) {
-    tr_job job = {"tcp", 3, 20000, 60, -1, NULL};
+    tr_job job = {"tcp", 3, 20000, 60, -1};
     tr_out *o = tr_run(&job, async_body, NULL);
     cr_assert_eq(o[1].u[10], TERSE_OK);
     cr_assert_eq(o[1].u[11], TERSE_OK);
@@ -431,7 +431,7 @@ static int ssp_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, ssp_pull_waits_for_the_slowest_within_the_bound) {
-    tr_job job = {"tcp", 3, 20000, 60, -1, NULL};
+    tr_job job = {"tcp", 3, 20000, 60, -1};
     tr_out *o = tr_run(&job, ssp_body, NULL);
     const tr_out *fast = &o[1], *slow = &o[2];
     for (int t = 1; t < SSP_STEPS; t++)
@@ -479,7 +479,7 @@ static int ssp_nonfinite_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, ssp_a_nonfinite_push_is_not_applied_and_holds_nobody) {
-    tr_job job = {"shm", 3, 20000, 60, -1, NULL};
+    tr_job job = {"shm", 3, 20000, 60, -1};
     tr_out *o = tr_run(&job, ssp_nonfinite_body, NULL);
     cr_assert_eq(o[2].u[11], TERSE_ERR_NONFINITE, "%s", o[2].err);
     cr_assert_eq(o[0].u[0], 1);
@@ -576,7 +576,7 @@ static int late_in_round_2(int w, int r) { return r == 2 && w == 1; }
 static int dead_from_round_1(int w, int r) { return w == 3 && r >= 1; }
 
 static void rounds_on_time(const rounds_job *j) {
-    tr_job job = {"shm", 4, 20000, 60, -1, NULL};
+    tr_job job = {"shm", 4, 20000, 60, -1};
     tr_out *o = tr_run(&job, rounds_body, j);
     for (int r = 0; r < ROUNDS; r++) {
         /* everyone holds the round's result, sampled or not -- but worker
@@ -614,7 +614,7 @@ Test(ps, weighted_rounds_average_by_weight_over_the_pushes_that_made_the_round) 
  * deadline with the others' pushes, and the rest go on unaffected. */
 Test(ps, a_worker_that_dies_mid_round_is_dropped_and_the_round_completes) {
     static const rounds_job j = {1, 1}; /* weighted: the dead worker's weight goes too */
-    tr_job job = {"shm", 4, 20000, 60, 3, NULL};
+    tr_job job = {"shm", 4, 20000, 60, 3};
     tr_out *o = tr_run(&job, rounds_body, &j);
     for (int r = 0; r < ROUNDS; r++) {
         cr_assert_eq(o[1].hash[r], o[2].hash[r], "round %d: workers 1 and 2 differ", r);
@@ -778,7 +778,7 @@ static int comp_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 static void compression(const char *prov) {
-    tr_job job = {prov, 3, 20000, 60, -1, NULL};
+    tr_job job = {prov, 3, 20000, 60, -1};
     tr_out *o = tr_run(&job, comp_body, NULL);
     for (int w = 1; w <= 2; w++) {
         const float *sent = o[w].f, *resid = o[w].f + 2 * CN, *meant = o[w].f + 3 * CN;
@@ -948,7 +948,7 @@ static int bad_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, bad_input_is_refused_with_a_status_and_serving_goes_on) {
-    tr_job job = {"tcp", 3, 20000, 60, -1, NULL};
+    tr_job job = {"tcp", 3, 20000, 60, -1};
     tr_out *o = tr_run(&job, bad_body, NULL);
     cr_assert_eq(o[1].u[0], TERSE_ERR_INVALID, "a server's push to a server: %s",
                  terse_status_name((terse_status)o[1].u[0]));
@@ -983,7 +983,7 @@ static int mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, a_config_that_differs_is_refused_naming_the_field) {
-    tr_job job = {"shm", 3, 20000, 60, -1, NULL};
+    tr_job job = {"shm", 3, 20000, 60, -1};
     tr_out *o = tr_run(&job, mismatch_body, NULL);
     for (int r = 0; r < 3; r++) {
         cr_assert_eq(o[r].u[0], TERSE_ERR_INVALID, "rank %d", r);
@@ -1056,7 +1056,7 @@ static int cmp_f(const void *a, const void *b) {
 }
 
 static void robust(const char *prov, const char *agg) {
-    tr_job job = {prov, 6, 20000, 90, -1, NULL};
+    tr_job job = {prov, 6, 20000, 90, -1};
     tr_out *o = tr_run(&job, robust_body, agg);
     const int last = RSTEPS - 1;
     /* rank 4's NaN push is refused naming the element; the step closes
@@ -1120,7 +1120,7 @@ Test(ps, a_plugin_aggregator_serves_real_workers_tcp) {
     ops.name = "minof";
     ops.aggregate = min_aggregate;
     cr_assert_eq(terse_ps_register_aggregator(&ops), TERSE_OK, "%s", terse_last_error());
-    tr_job job = {"tcp", 4, 20000, 60, -1, NULL};
+    tr_job job = {"tcp", 4, 20000, 60, -1};
     tr_out *o = tr_run(&job, robust_body, "minof");
     /* robust_body with 3 workers (ranks 1-3): all honest */
     const int last = RSTEPS - 1;
@@ -1154,7 +1154,7 @@ Test(ps, an_aggregator_that_cannot_hold_is_refused_on_every_rank) {
         {"krum:q=1", "sync", "unknown option \"q\""},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        tr_job job = {"shm", 4, 20000, 60, -1, NULL};
+        tr_job job = {"shm", 4, 20000, 60, -1};
         tr_out *o = tr_run(&job, cannot_hold_body, cases[k]);
         for (int r = 0; r < 4; r++) {
             cr_assert_eq(o[r].u[0], TERSE_ERR_INVALID, "%s, rank %d", cases[k][0], r);
@@ -1182,16 +1182,23 @@ Test(ps, mode_specs_parse_strictly) {
     }
 }
 
-/* The same over shm, where a peer SIGKILLed mid-call can leave the
- * provider spinning on its lock (docs/collectives.md): the engine's
- * watchdog covers collectives, not the server loop, so this is a known
- * limitation if it hangs -- the job's wall limit reports it. */
+/* A worker whose transport the shm watchdog gave up on (a lock the rescue
+ * could not release): TIMEOUT, the known limitation, reported. */
+static int shm_lock_spun(const tr_out *o, int w) {
+    if (o->status != TERSE_ERR_TIMEOUT || !strstr(o->err, TR_SHM_LOCK_SPIN)) return 0;
+    fprintf(stderr, "WARNING: KNOWN LIMITATION: worker %d: %s\n", w, o->err);
+    return 1;
+}
+
+/* The same over shm, where a peer SIGKILLed mid-call can leave a region
+ * lock taken (docs/collectives.md): the lock is released and the loss
+ * reported as one, or the watchdog gives up (TIMEOUT); never a hang. */
 Test(ps, sync_worker_killed_shm) {
     kill_job k = {"sync", 1, 3, 3, 5};
-    tr_job job = {"shm", 4, 5000, 30, 3, "shm: a SIGKILLed peer can leave the provider spinning"};
+    tr_job job = {"shm", 4, 5000, 30, 3};
     tr_out *o = tr_run(&job, kill_body_soft, &k);
     for (int w = 1; w <= 2; w++) {
-        if (!o[w].finished) continue; /* the known hang, reported by tr_run */
+        if (shm_lock_spun(&o[w], w)) continue;
         cr_assert_eq(o[w].status, TERSE_ERR_PEER_LOST, "worker %d: %s", w, o[w].err);
         cr_assert(strstr(o[w].err, "worker rank 3 was lost"), "worker %d: %s", w, o[w].err);
     }
@@ -1200,10 +1207,10 @@ Test(ps, sync_worker_killed_shm) {
 
 Test(ps, server_killed_shm) {
     kill_job k = {"sync", 2, 2, 1, 400};
-    tr_job job = {"shm", 4, 5000, 30, 1, "shm: a SIGKILLed peer can leave the provider spinning"};
+    tr_job job = {"shm", 4, 5000, 30, 1};
     tr_out *o = tr_run(&job, kill_body_soft, &k);
     for (int w = 2; w <= 3; w++) {
-        if (!o[w].finished) continue;
+        if (shm_lock_spun(&o[w], w)) continue;
         cr_assert(o[w].status == TERSE_ERR_PEER_LOST, "worker %d: %s", w, o[w].err);
         cr_assert_lt(o[w].val[0], 5000.0, "took %.0f ms", o[w].val[0]);
         cr_assert(strstr(o[w].err, "rank 1"), "worker %d does not name server rank 1: %s", w,
@@ -1253,7 +1260,7 @@ static int short_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, a_short_payload_is_refused_and_its_receive_cancelled_shm) {
-    tr_job job = {"shm", 2, 20000, 60, -1, NULL};
+    tr_job job = {"shm", 2, 20000, 60, -1};
     tr_out *o = tr_run(&job, short_body, NULL);
     for (int r = 0; r < 3; r++)
         cr_assert_eq(o[1].u[r], TERSE_ERR_CORRUPT, "round %d: %s", r,
@@ -1290,7 +1297,7 @@ static int finish_early_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, sync_counts_a_push_from_a_worker_that_finished) {
-    tr_job job = {"tcp", 4, 20000, 60, -1, NULL};
+    tr_job job = {"tcp", 4, 20000, 60, -1};
     tr_out *o = tr_run(&job, finish_early_body, NULL);
     for (size_t i = 0; i < QN; i++) {
         double ref = (grad(1, 0, 0, i) + grad(2, 0, 0, i) + grad(3, 0, 0, i)) / 3.0;
@@ -1338,7 +1345,7 @@ static int stopped_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, sync_stopped_worker_times_out_the_others_naming_it) {
-    tr_job job = {"tcp", 3, 4000, 60, 2, NULL};
+    tr_job job = {"tcp", 3, 4000, 60, 2};
     tr_out *o = tr_run(&job, stopped_body, NULL);
     cr_assert_eq(o[1].u[0], TERSE_ERR_TIMEOUT, "worker 1: %s", o[1].err);
     cr_assert(strstr(o[1].err, "worker ranks 2"), "does not name the stopped worker: %s", o[1].err);
@@ -1509,7 +1516,7 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
  * head closes is acknowledged by its replica first. */
 Test(ps, replicas_keep_each_closed_step_on_both_servers_and_change_no_bits) {
     fail_job one = {1, 0, 0, NULL, 0, 0, 0, 0, 0}, two = {2, 0, 0, NULL, 0, 0, 0, 0, 0};
-    tr_job job = {"shm", 5, 20000, 60, -1, NULL};
+    tr_job job = {"shm", 5, 20000, 60, -1};
     tr_out *a = tr_run(&job, failover_body, &one);
     tr_out *b = tr_run(&job, failover_body, &two);
     for (int w = 2; w < 5; w++) {
@@ -1550,9 +1557,6 @@ static int lost_to_shm_lock(const char *prov, const tr_out *o, int nprocs, int d
     return 1;
 }
 
-#define SHM_LOCK_HANG(prov) \
-    (!strcmp((prov), "shm") ? "a survivor spinning on a dead server's shm lock" : NULL)
-
 /* SIGKILL the head of slot 1 at several moments of a run with replicas 2
  * (after k of its shard steps, k spread over the run): every worker
  * finishes, and with the same bits as the run nobody died in.
@@ -1560,7 +1564,7 @@ static int lost_to_shm_lock(const char *prov, const tr_out *o, int nprocs, int d
  * prints the recovery time, kill to the next step a worker completed. */
 static void failover(const char *prov) {
     fail_job ref = {2, 0, 0, NULL, 0, 0, 0, 0, 0};
-    tr_job job = {prov, 5, 20000, 90, -1, NULL};
+    tr_job job = {prov, 5, 20000, 90, -1};
     tr_out *r = tr_run(&job, failover_body, &ref);
     cr_assert_eq(r[2].status, 0, "%s", r[2].err);
     uint64_t want = r[2].hash[0], steps = r[1].u[3]; /* server 1's shard steps in a whole run */
@@ -1577,7 +1581,7 @@ static void failover(const char *prov) {
         /* from the first steps to the last ones */
         fail_job j = {2, 1 + (int)((double)(steps - 3) * (k + 0.5) / trials), 0, NULL, 0,
                       0, 0, 0, 0};
-        tr_job kj = {prov, 5, 20000, 90, 1, SHM_LOCK_HANG(prov)};
+        tr_job kj = {prov, 5, 20000, 90, 1};
         tr_out *o = tr_run(&kj, failover_body_soft, &j);
         if (lost_to_shm_lock(prov, o, 5, 1, -1, j.kill_at)) {
             spins++;
@@ -1632,7 +1636,7 @@ Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_shm) { fail
  * to the end, closes steps and replicates them to server 0. */
 static void replacement(const char *prov) {
     fail_job ref = {2, 0, 0, NULL, 12000, 0, 0, 0, 0};
-    tr_job job = {prov, 5, 20000, 90, -1, NULL};
+    tr_job job = {prov, 5, 20000, 90, -1};
     tr_out *r = tr_run(&job, failover_body, &ref);
     cr_assert_eq(r[2].status, 0, "%s", r[2].err);
     uint64_t want = r[2].hash[0];
@@ -1648,7 +1652,7 @@ static void replacement(const char *prov) {
         /* 40 ms between steps: the replacement (a new process, 0.1-0.5 s to
          * join) arrives mid-run even on a loaded machine */
         fail_job j = {2, 2 + k % 6, 0, NULL, 40000, 0, 0, 0, 0};
-        tr_job kj = {prov, 5, 20000, 60, 1, SHM_LOCK_HANG(prov)};
+        tr_job kj = {prov, 5, 20000, 60, 1};
         tr_replace_victim = 1;
         tr_out *o = tr_run(&kj, failover_body_soft, &j);
         tr_replace_victim = 0;
@@ -1697,14 +1701,14 @@ static void replacement(const char *prov) {
  * replacement races the workers' goodbyes to it (which once hung them). */
 static void three_servers(const char *prov, int second) {
     fail_job ref = {2, 0, 0, NULL, 15000, 3, 0, 0, 0};
-    tr_job job = {prov, 6, 20000, 90, -1, NULL};
+    tr_job job = {prov, 6, 20000, 90, -1};
     tr_out *r = tr_run(&job, failover_body, &ref);
     cr_assert_eq(r[3].status, 0, "%s", r[3].err);
     uint64_t want = r[3].hash[0];
     tr_release(r);
     if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     fail_job j = {2, 3, 0, NULL, 40000, 3, 2, second ? 1 : 0, 0};
-    tr_job kj = {prov, 6, 20000, 60, 2, SHM_LOCK_HANG(prov)};
+    tr_job kj = {prov, 6, 20000, 60, 2};
     tr_replace_victim = 1;
     tr_victim2 = second ? 1 : 0;
     tr_out *o = tr_run(&kj, failover_body_soft, &j);
@@ -1747,7 +1751,7 @@ Test(ps, a_replacement_replica_ends_serving_with_everyone_else_tcp) { three_serv
  * that cannot come back), and the workers fail naming the slot. */
 Test(ps, a_replacement_whose_slot_died_with_its_stand_in_says_so_at_once) {
     fail_job j = {2, 3, 0, NULL, 40000, 3, 1, 0, 2};
-    tr_job kj = {"tcp", 6, 20000, 60, 1, NULL};
+    tr_job kj = {"tcp", 6, 20000, 60, 1};
     tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_replace_victim = 1;
     tr_victim2 = 2;
@@ -1808,7 +1812,7 @@ static int rejoin_refusals_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, a_replacement_serves_a_replicated_parameter_server_and_nothing_else) {
-    tr_job job = {"tcp", 3, 20000, 60, 2, NULL};
+    tr_job job = {"tcp", 3, 20000, 60, 2};
     tr_replace_victim = 1;
     tr_out *o = tr_run(&job, rejoin_refusals_body, NULL);
     tr_replace_victim = 0;
@@ -1836,7 +1840,7 @@ Test(ps, a_killed_heads_replacement_takes_its_slots_back_with_the_same_bits_shm)
  * acknowledged and the replica never gets one it was not sent. */
 Test(ps, replicas_with_a_deadline_replicate_every_step_in_order) {
     fail_job j = {2, 0, 0, "sync:deadline_ms=5", 30000, 0, 0, 0, 0};
-    tr_job job = {"shm", 5, 20000, 60, -1, NULL};
+    tr_job job = {"shm", 5, 20000, 60, -1};
     tr_out *o = tr_run(&job, failover_body, &j);
     for (int s = 0; s < 2; s++) {
         cr_assert_eq(o[s].u[5], TERSE_OK, "server %d: %s", s, o[s].err);
@@ -1857,7 +1861,7 @@ Test(ps, replicas_with_a_deadline_replicate_every_step_in_order) {
  * serving ends instead of waiting for the dead worker's goodbye. */
 Test(ps, replicas_a_killed_worker_ends_serving_on_both_instances) {
     fail_job j = {2, 0, 5, NULL, 0, 0, 0, 0, 0};
-    tr_job job = {"tcp", 5, 5000, 20, 4, NULL};
+    tr_job job = {"tcp", 5, 5000, 20, 4};
     tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_out *o = tr_run(&job, failover_body_soft, &j);
     tr_known_segv = NULL;
@@ -1935,7 +1939,7 @@ static int abandon_body(terse_comm *c, tr_out *o, const void *arg) {
 
 Test(ps, a_replica_its_head_gave_up_on_does_not_take_over) {
     const int h = 1;
-    tr_job job = {"tcp", 3, 2000, 60, h, NULL};
+    tr_job job = {"tcp", 3, 2000, 60, h};
     tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_out *o = tr_run(&job, abandon_body, NULL);
     tr_known_segv = NULL;
@@ -1994,7 +1998,7 @@ static int replica_refusals_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(ps, replicas_refuse_what_they_cannot_hold) {
-    tr_job job = {"shm", 3, 2000, 60, -1, NULL};
+    tr_job job = {"shm", 3, 2000, 60, -1};
     tr_out *o = tr_run(&job, replica_refusals_body, NULL);
     cr_assert_eq(o[2].u[7], TERSE_ERR_INVALID, "epoch 1 to a live head: %s", o[2].err);
     cr_assert(strstr(o[2].err, "is the slot's head (epoch 0)"), "%s", o[2].err);

@@ -182,7 +182,7 @@ static void run_relay(relay_mode mode, long after, const char *what) {
     cr_assert_geq(relay, 0);
     if (relay == 0) relay_run(lfd, mode, after, seconds + 20);
     close(lfd[0]), close(lfd[1]);
-    tr_job job = {"tcp", 2, 3000, 40, -1, NULL};
+    tr_job job = {"tcp", 2, 3000, 40, -1};
     tr_before_init = advertise_relay;
     tr_out *o = tr_run(&job, relay_body, &seconds);
     tr_before_init = NULL;

@@ -205,7 +205,7 @@ static int rs_body(terse_comm *c, tr_out *o, const void *arg) {
 
 static void run_rs(const char *provider, int N) {
     setenv("TERSE_COMPRESSED_ALGO", "rs", 1);
-    tr_job job = {provider, N, 20000, 120, -1, NULL};
+    tr_job job = {provider, N, 20000, 120, -1};
     tr_out *o = tr_run(&job, rs_body, NULL);
     unsetenv("TERSE_COMPRESSED_ALGO");
     expect_finished(o, N, "every codec");
@@ -440,7 +440,7 @@ static int plugin_body(terse_comm *c, tr_out *o, const void *arg) {
 
 Test(plugin_aggregation, each_plugin_takes_the_path_its_table_offers) {
     const int N = 4;
-    tr_job job = {"shm", N, 20000, 60, -1, NULL};
+    tr_job job = {"shm", N, 20000, 60, -1};
     tr_out *o = tr_run(&job, plugin_body, NULL);
     expect_finished(o, N, "plugins");
     const uint64_t H = TERSE_WIRE_HEADER_SIZE, small = 4 * PN_SMALL;
@@ -521,7 +521,7 @@ static int ef_body(terse_comm *c, tr_out *o, const void *arg) {
 
 Test(rs_allreduce, error_feedback_delivers_what_the_re_encode_dropped, .timeout = 200) {
     setenv("TERSE_COMPRESSED_ALGO", "rs", 1);
-    tr_job job = {"shm", 4, 20000, 120, -1, NULL};
+    tr_job job = {"shm", 4, 20000, 120, -1};
     tr_out *o = tr_run(&job, ef_body, NULL);
     unsetenv("TERSE_COMPRESSED_ALGO");
     expect_finished(o, 4, "error feedback");
@@ -543,7 +543,7 @@ Test(rs_allreduce, error_feedback_delivers_what_the_re_encode_dropped, .timeout 
 
 static tr_out *run_mismatch(const tr_mismatch *m) {
     setenv("TERSE_COMPRESSED_ALGO", "rs", 1);
-    tr_job job = {"shm", 4, 3000, 60, -1, NULL};
+    tr_job job = {"shm", 4, 3000, 60, -1};
     tr_out *o = tr_run(&job, tr_mismatch_body, m);
     unsetenv("TERSE_COMPRESSED_ALGO");
     return o;
@@ -686,7 +686,7 @@ static int none_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(rounds, none_average_is_bitwise_the_dense_average_at_three_ranks) {
-    tr_job job = {"shm", 3, 10000, 60, -1, NULL};
+    tr_job job = {"shm", 3, 10000, 60, -1};
     tr_out *o = tr_run(&job, none_body, NULL);
     expect_finished(o, 3, "none");
     for (int r = 0; r < 3; r++) {
@@ -725,7 +725,7 @@ static int rs_kill_body(terse_comm *c, tr_out *o, const void *arg) {
 
 static void check_rs_killed(const char *provider) {
     const int N = 4, timeout_ms = 3000;
-    tr_job job = {provider, N, timeout_ms, 40, N - 1, NULL};
+    tr_job job = {provider, N, timeout_ms, 40, N - 1};
     if (!strcmp(provider, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     setenv("TERSE_COMPRESSED_ALGO", "rs", 1);
     tr_out *o = tr_run(&job, rs_kill_body, NULL);

@@ -38,7 +38,7 @@ static int tamper_body(terse_comm *c, tr_out *o, const void *arg) {
 
 static void check_tamper(unsigned every) {
     unsetenv("TERSE_WIRE");
-    tr_job job = {"tcp", 2, 2000, 30, -1, NULL};
+    tr_job job = {"tcp", 2, 2000, 30, -1};
     tr_out *o = tr_run(&job, tamper_body, &every);
     cr_expect_eq(o[0].u[3], 1, "tcp does not default to TERSE_WIRE=mac");
     cr_expect_eq(o[0].u[0], TERSE_ERR_AUTH, "every %u: rank 0 returned %llu: %s", every,
@@ -75,7 +75,7 @@ static int small_body(terse_comm *c, tr_out *o, const void *arg) {
 
 Test(wire_auth, injected_small_messages_are_authenticated_too_tcp) {
     unsetenv("TERSE_WIRE");
-    tr_job job = {"tcp", 2, 2000, 30, -1, NULL};
+    tr_job job = {"tcp", 2, 2000, 30, -1};
     tr_out *o = tr_run(&job, small_body, NULL);
     cr_expect_eq(o[0].u[1], 0, "wrong small sums");
     cr_expect_eq(o[0].u[0], TERSE_ERR_AUTH, "rank 0's barrier returned %llu: %s",
@@ -97,7 +97,7 @@ static int sizes_body(terse_comm *c, tr_out *o, const void *arg) {
 
 static void check_sizes(size_t root_len, const char *want) {
     unsetenv("TERSE_WIRE");
-    tr_job job = {"tcp", 2, 1000, 30, -1, NULL};
+    tr_job job = {"tcp", 2, 1000, 30, -1};
     tr_out *o = tr_run(&job, sizes_body, &root_len);
     cr_expect_eq(o[1].u[0], TERSE_ERR_AUTH, "rank 1 returned %llu: %s",
                  (unsigned long long)o[1].u[0], o[1].err);
@@ -123,7 +123,7 @@ static int mode_body(terse_comm *c, tr_out *o, const void *arg) {
 
 Test(wire_auth, shm_defaults_to_none_and_mac_can_be_asked_for) {
     unsetenv("TERSE_WIRE");
-    tr_job job = {"shm", 2, 5000, 30, -1, NULL};
+    tr_job job = {"shm", 2, 5000, 30, -1};
     tr_out *o = tr_run(&job, mode_body, NULL);
     cr_expect_eq(o[0].u[0], 0, "shm should default to TERSE_WIRE=none");
     cr_expect_eq(o[0].u[1], 1);
@@ -134,7 +134,7 @@ Test(wire_auth, shm_defaults_to_none_and_mac_can_be_asked_for) {
     cr_expect_eq(o[0].u[1], 1);
     tr_release(o);
     setenv("TERSE_WIRE", "none", 1);
-    tr_job tcp = {"tcp", 2, 5000, 30, -1, NULL};
+    tr_job tcp = {"tcp", 2, 5000, 30, -1};
     o = tr_run(&tcp, mode_body, NULL);
     cr_expect_eq(o[0].u[0], 0, "TERSE_WIRE=none was not applied on tcp");
     cr_expect_eq(o[0].u[1], 1);
@@ -171,7 +171,7 @@ static int encrypt_body(terse_comm *c, tr_out *o, const void *arg) {
 
 Test(wire_auth, encrypt_gives_the_same_results_and_refuses_altered_chunks_tcp) {
     setenv("TERSE_WIRE", "encrypt", 1);
-    tr_job job = {"tcp", 2, 2000, 30, -1, NULL};
+    tr_job job = {"tcp", 2, 2000, 30, -1};
     tr_out *o = tr_run(&job, encrypt_body, NULL);
     unsetenv("TERSE_WIRE");
     cr_expect_eq(o[0].u[3], 1, "encrypt did not authenticate");
