@@ -571,6 +571,13 @@ typedef struct terse_comm terse_comm;
  *                           stats.stranger_drops). Experimental and off by
  *                           default: under a flood on a loaded machine a
  *                           rank crashed inside rxm in some runs (SECURITY.md).
+ *   TERSE_SHM_RESCUE=1      shm on libfabric 1.17: release a region lock that
+ *                           a dead process of the job left taken, instead
+ *                           of giving up on the transport (so a parameter
+ *                           server's failover survives such a kill).
+ *                           Experimental and off by default: a live holder
+ *                           descheduled long enough could be let into its
+ *                           section twice (SECURITY.md, "Failure contract").
  *   TERSE_SIMD              scalar | avx2: cap the SIMD level of the codecs.
  */
 typedef struct terse_comm_config {

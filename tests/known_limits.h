@@ -17,9 +17,9 @@
  * region spins inside libfabric until the engine's watchdog gives up on
  * its transport (TERSE_ERR_TIMEOUT with this text in its sentence; issue
  * 14, SECURITY.md): seen in about 1 kill in 25 in the replicated parameter
- * server's failover trials, 2026-12-03. Since the lock rescue
- * (transport/fabric_shm.c) only a stopped holder, or a libfabric other
- * than 1.17, should leave it: 0 in 40 kills after it. */
+ * server's failover trials, 2026-12-03. TERSE_SHM_RESCUE=1 (experimental,
+ * off by default: transport/fabric_shm.c) releases a dead holder's lock
+ * instead: 0 in 60 kills with it. */
 #define TR_SHM_LOCK_SPIN "spun inside"
 
 #endif

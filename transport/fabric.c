@@ -209,6 +209,11 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
     int sweep = 0;
     TERSE_CHECK_GOTO(terse__env_choice("TERSE_SWEEP", flags, 0, &sweep), st, fail);
     f->sweep = sweep && strstr(f->provider, "ofi_rxm") != NULL;
+    /* shm: TERSE_SHM_RESCUE=1 releases a lock a dead process left taken
+     * (fabric_shm.c; off by default, see terse.h). */
+    int rescue = 0;
+    TERSE_CHECK_GOTO(terse__env_choice("TERSE_SHM_RESCUE", flags, 0, &rescue), st, fail);
+    f->shm_rescue = rescue && strcmp(f->provider, "shm") == 0;
     /* rxm's eager limit: its buffer size, or the eager limit if set lower. */
     const size_t rxm_buffer = env_size("FI_OFI_RXM_BUFFER_SIZE", 16384);
     const size_t rxm_limit = env_size("FI_OFI_RXM_EAGER_LIMIT", rxm_buffer);

@@ -215,6 +215,7 @@ struct terse__fabric {
     /* shm (fabric_shm.c): every rank's region file and pid, the pids
      * replacements took over from, the stuck call last tried (its
      * call_since) and the locks released. */
+    int shm_rescue; /* TERSE_SHM_RESCUE=1 */
     terse__fabric_shm_peer *shm;
     pid_t shm_gone[TERSE__SHM_GONE_MAX];
     int shm_ngone;

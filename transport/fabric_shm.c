@@ -1,40 +1,46 @@
-/* A shm region lock held by a dead process (libfabric 1.17's shm).
+/* A shm region lock held by a dead process (libfabric 1.17's shm);
+ * TERSE_SHM_RESCUE=1 only, experimental.
  *
  * libfabric 1.17's shm provider guards each endpoint's shared region (the
  * file /dev/shm/<name>) with a pthread spinlock inside the region. A
  * sender takes the receiver's lock while it writes a command into the
  * receiver's queue; the owner takes its own lock while it reads its
- * queue. A process SIGKILLed inside one of those short sections leaves the
- * lock taken forever, and the next process that wants it spins inside
+ * queue. A process SIGKILLed inside one of those sections leaves the lock
+ * taken forever, and the next process that wants it spins inside
  * libfabric with no way out: the engine's watchdog then gives up on the
- * whole transport (algos/engine.c). That turned one rank's death into the
- * loss of the survivors' transports in about one kill in six, which is
- * what kept parameter-server failover from working on shm.
+ * whole transport (algos/engine.c). That turns one rank's death into the
+ * loss of the survivors' transports in about one kill in six of the
+ * three-server parameter-server test, which is what keeps failover from
+ * working on shm every time.
  *
  * The rescue. When a provider call has been stuck for RESCUE_NS, some
  * rank's process (or a process a replacement took over from) is dead,
- * and no rank's process is stopped (a stopped one may be the holder, and
+ * and no such process is stopped (a stopped one may be the holder, and
  * would resume inside the section), the lock the call spins on is
  * released:
  *   - a send (fi_tsend, fi_tinject) spins on the receiver's region lock;
- *   - anything else (fi_cq_read, fi_trecv, fi_cancel) on our own.
- * The region is mapped a second time from its file, its header checked
- * (the layout version and the owner's pid); if the lock then stays taken
- * for HOLD_NS more while the call still spins, it is released with
- * pthread_spin_unlock, which only stores to the word. Only libfabric 1.17 (whose
- * header layout is below) is rescued; any other version keeps the
- * watchdog's behaviour.
+ *   - fi_cq_read and fi_trecv on our own (fi_cancel and fi_close take no
+ *     region lock in 1.17, so they are never rescued).
+ * The region is mapped a second time from its file and its header checked
+ * (the layout version and the owner's pid). Rescuers of one region take
+ * turns (flock on its file). If the lock then stays taken for HOLD_NS more
+ * while the call still spins, it is released with pthread_spin_unlock,
+ * which only stores to the word. Only libfabric 1.17 on 64-bit (whose
+ * header layout is below) is rescued.
  *
- * Why the state behind the lock is sound. Every section the dead process
- * could have died in makes its change visible with one store at the end
- * (the command queue's commit, a free-stack push or pop, a counter), so
- * at worst it leaked a command slot or a buffer; a command committed
- * before the death is complete, and one that refers to the dead process's
- * memory fails when read. The risk left is a live holder that was
- * descheduled, not dead, for the whole HOLD_NS while another process of
- * the job was gone: both would then be inside the section. With TERSE_WIRE=mac a message
- * garbled that way fails authentication; with none (the shm default) it
- * would not, which SECURITY.md states. */
+ * Why it is off by default (a review found these; SECURITY.md has them):
+ *   - The holder is never identified. "A process of the job is dead, and
+ *     the lock stayed taken for 300 + 20 ms" is also true of a live holder
+ *     descheduled that long (a page fault, throttling, heavy load) after
+ *     any earlier death; it would then share its section with another
+ *     process. Sampling cannot tell one long hold from spinners handing
+ *     the lock on back to back, either.
+ *   - Not every section publishes its change with one store at the end:
+ *     a sender killed after popping an inject buffer but before its
+ *     `cmd_cnt--` leaves the count one above the free buffers, and a much
+ *     later send into a full queue can then pop past the pool and corrupt
+ *     the region. With TERSE_WIRE=mac a message garbled that way fails
+ *     authentication; with none (the shm default) it would not. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -42,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -81,7 +88,7 @@ static int parse_shm_addr(const uint8_t *addr, size_t alen, char *file, size_t c
 }
 
 void terse__fabric_shm_note_peer(terse__fabric *f, int r, const uint8_t *addr, size_t alen) {
-    if (strcmp(f->provider, "shm") != 0 || r < 0 || r >= f->nranks) return;
+    if (!f->shm_rescue || sizeof(void *) != 8 || r < 0 || r >= f->nranks) return;
     if (!f->shm) {
         f->shm = calloc((size_t)f->nranks, sizeof *f->shm);
         if (!f->shm) return; /* no rescue then: the watchdog still gives up */
@@ -121,14 +128,23 @@ static int release(terse__fabric *f, int r, uint64_t since) {
     if (p->pid <= 0) return 0;
     char path[TERSE__NAME_ADDR_MAX + 16];
     snprintf(path, sizeof path, "/dev/shm/%s", p->file);
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) return 0;
     struct stat st;
-    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid() &&
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
              st.st_size >= 4096;
+    /* One rescuer at a time per region (the owner spinning on its own lock
+     * and every sender to it may all try): a later one samples afresh and
+     * finds the lock changing hands. */
+    for (int i = 0; ok && flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+        ok = i < 200;
+        usleep(1000);
+    }
     void *m = ok ? mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    close(fd);
-    if (m == MAP_FAILED) return 0;
+    if (m == MAP_FAILED) {
+        close(fd); /* drops the flock too */
+        return 0;
+    }
     const uint8_t *hdr = m;
     int pid;
     memcpy(&pid, hdr + SMR117_PID_OFF, sizeof pid);
@@ -151,6 +167,7 @@ static int release(terse__fabric *f, int r, uint64_t since) {
     else
         taken = 0;
     munmap(m, 4096);
+    close(fd);
     return taken;
 }
 
@@ -159,7 +176,6 @@ int terse__fabric_shm_rescue(terse__fabric *f) {
     uint64_t since = atomic_load_explicit(&f->call_since, memory_order_acquire);
     uint64_t now = terse__now_ns();
     if (!since || now < since + RESCUE_NS || since == f->shm_tried) return 0;
-    f->shm_tried = since; /* one attempt per stuck call */
     uint32_t v = fi_version();
     if (FI_MAJOR(v) != 1 || FI_MINOR(v) != 17) return 0;
     /* The dead (ranks, then replaced processes), for the message. */
@@ -173,15 +189,21 @@ int terse__fabric_shm_rescue(terse__fabric *f) {
             used += (size_t)snprintf(dead + used, sizeof dead - used, "%srank %d (pid %d)",
                                      used ? ", " : "", r, (int)f->shm[r].pid);
     }
-    for (int i = 0; i < f->shm_ngone; i++)
-        if (proc_state(f->shm_gone[i]) == 'D' && used < sizeof dead - 40)
+    for (int i = 0; i < f->shm_ngone; i++) {
+        char s = proc_state(f->shm_gone[i]);
+        if (s == 'S') return 0;
+        if (s == 'D' && used < sizeof dead - 40)
             used += (size_t)snprintf(dead + used, sizeof dead - used, "%sa replaced rank (pid %d)",
                                      used ? ", " : "", (int)f->shm_gone[i]);
-    if (!used) return 0;
+    }
+    if (!used) return 0; /* tried again at the next look: the death may show later */
     int peer = atomic_load_explicit(&f->call_peer, memory_order_relaxed);
     const char *what = atomic_load_explicit(&f->call_what, memory_order_relaxed);
     int is_send = what && (strcmp(what, "fi_tsend") == 0 || strcmp(what, "fi_tinject") == 0);
+    int is_own = what && (strcmp(what, "fi_cq_read") == 0 || strcmp(what, "fi_trecv") == 0);
+    if (!is_send && !is_own) return 0; /* fi_cancel, fi_close: no region lock in 1.17 */
     int owner = is_send && peer >= 0 && peer < f->nranks ? peer : f->rank;
+    f->shm_tried = since; /* one release attempt per stuck call */
     if (!release(f, owner, since)) return 0;
     f->shm_rescues++;
     char region[32];
