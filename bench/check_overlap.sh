@@ -31,28 +31,46 @@ ip netns del "$probe" >/dev/null 2>&1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 args=(allreduce -n 2 --provider tcp -b 64M -e 64M -r 3 -w 1 --overlap 400 --csv)
-echo "running: slow-net.sh 1gbit terse-bench ${args[*]}"
-if ! bash "$here/slow-net.sh" 1gbit "$bench" "${args[@]}" >"$out"; then
-    echo "FAIL: slow-net.sh 1gbit terse-bench ${args[*]} exited non-zero"
-    cat "$out"
-    exit 1
-fi
-cat "$out"
 
-# Columns by name from the CSV header; the one dense row must be ok.
-read -r status compute allreduce overlapped vs_max vs_sum < <(awk -F, '
-    NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-    { print $col["status"], $col["compute_ms"], $col["allreduce_ms"], $col["overlapped_ms"],
-            $col["overlap_vs_max"], $col["overlap_vs_sum"]; exit }' "$out")
-if [[ ${status:-} != ok || -z ${vs_sum:-} ]]; then
-    echo "FAIL: no ok row with overlap figures in the output above"
-    exit 1
+# One attempt: 0 if it overlapped, 1 if not, 2 if the run itself failed.
+attempt() {
+    echo "running: slow-net.sh 1gbit terse-bench ${args[*]}"
+    if ! bash "$here/slow-net.sh" 1gbit "$bench" "${args[@]}" >"$out"; then
+        echo "FAIL: slow-net.sh 1gbit terse-bench ${args[*]} exited non-zero"
+        cat "$out"
+        return 2
+    fi
+    cat "$out"
+    # Columns by name from the CSV header; the one dense row must be ok.
+    read -r status compute allreduce overlapped vs_max vs_sum < <(awk -F, '
+        NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+        { print $col["status"], $col["compute_ms"], $col["allreduce_ms"], $col["overlapped_ms"],
+                $col["overlap_vs_max"], $col["overlap_vs_sum"]; exit }' "$out")
+    if [[ ${status:-} != ok || -z ${vs_sum:-} ]]; then
+        echo "FAIL: no ok row with overlap figures in the output above"
+        return 2
+    fi
+    echo "compute ${compute} ms, allreduce ${allreduce} ms, overlapped ${overlapped} ms:" \
+         "${vs_max} of max(compute, allreduce), ${vs_sum} of compute + allreduce"
+    if awk -v r="$vs_sum" -v l="$limit" 'BEGIN { exit !(r > l) }'; then
+        echo "overlapped / (compute + allreduce) = $vs_sum > $limit: the allreduce did not" \
+             "run while the caller computed"
+        return 1
+    fi
+    echo "ok: overlapped / (compute + allreduce) = $vs_sum <= $limit"
+    return 0
+}
+
+# A second attempt if the first shows no overlap: on a shared 2-core machine
+# another job's burst can starve the progress thread for a whole run (seen
+# once in CI while other tests ran beside it); a real loss of overlap fails
+# both.
+attempt
+rc=$?
+if [[ $rc == 1 ]]; then
+    echo "no overlap in the first attempt; trying once more"
+    attempt
+    rc=$?
 fi
-echo "compute ${compute} ms, allreduce ${allreduce} ms, overlapped ${overlapped} ms:" \
-     "${vs_max} of max(compute, allreduce), ${vs_sum} of compute + allreduce"
-if awk -v r="$vs_sum" -v l="$limit" 'BEGIN { exit !(r > l) }'; then
-    echo "FAIL: overlapped / (compute + allreduce) = $vs_sum > $limit: the allreduce did" \
-         "not run while the caller computed"
-    exit 1
-fi
-echo "ok: overlapped / (compute + allreduce) = $vs_sum <= $limit"
+[[ $rc == 0 ]] || echo "FAIL: bench_overlap_slow_net"
+exit $rc

@@ -484,7 +484,12 @@ typedef struct terse_comm terse_comm;
  *                 others find it: TERSE_ADDR, else MASTER_ADDR:MASTER_PORT.
  *                 Rank 0 binds to exactly this address.
  *   provider      TERSE_PROVIDER: "shm", "tcp" (tcp;ofi_rxm), "verbs"
- *                 (verbs;ofi_rxm), "efa", or "auto" (default: an RDMA
+ *                 (verbs;ofi_rxm), "efa", "net" (libfabric's own TCP RDM
+ *                 provider, experimental in 1.17: it leaves a message no
+ *                 receive matches in the socket, so a stranger's flood
+ *                 costs a rank no memory, which rxm cannot promise; the
+ *                 replicated parameter server's failover does not work
+ *                 over it yet; SECURITY.md), or "auto" (default: an RDMA
  *                 provider if present, else tcp; shm when all ranks share
  *                 one host).
  *   token         TERSE_TOKEN: the job's shared secret, at least 16 bytes;

@@ -39,6 +39,12 @@
 
 static int claim_port; /* 0: report the real port */
 
+/* Under AddressSanitizer (the CI's second run): libfabric 1.17's net
+ * provider leaks its info copies at close, which is not this tool's to
+ * fix; its exit status must say whether the attack ran. */
+__attribute__((visibility("default"), used)) const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "detect_leaks=0"; }
+
 /* libfabric calls this through the PLT, so the executable's definition
  * wins (the binary is linked with -rdynamic). Only listening sockets are
  * rewritten: that is where rxm reads the address it then claims. */
@@ -63,7 +69,7 @@ static double now_s(void) {
 static void usage(FILE *to) {
     fprintf(to,
             "usage: fabric_intruder --port P [options]\n"
-            "Sends tagged messages over tcp;ofi_rxm to the endpoint at 127.0.0.1:P.\n"
+            "Sends tagged messages to the endpoint at 127.0.0.1:P.\n"
             "  --port P         the target rank's endpoint port (required)\n"
             "  --claim-port Q   claim port Q as this process's own (impersonate the\n"
             "                   rank whose endpoint is at 127.0.0.1:Q); default: none\n"
@@ -72,6 +78,7 @@ static void usage(FILE *to) {
             "  --seconds S      stop sending after S seconds (default 20)\n"
             "  --tags MODE      random (default): tags anywhere; low: the tags terse\n"
             "                   uses for its first collectives, any chunk index\n"
+            "  --provider P     the libfabric provider (default tcp;ofi_rxm; net)\n"
             "  --linger S       keep the endpoint open S seconds after the last send\n"
             "                   (default 0.5)\n"
             "  --help           this text\n");
@@ -90,7 +97,9 @@ int main(int argc, char **argv) {
     long port = 0, count = 100000, bytes = 4096;
     double seconds = 20, linger = 0.5;
     int low_tags = 0;
+    const char *prov = "tcp;ofi_rxm";
     static const struct option opts[] = {
+        {"provider", 1, 0, 'P'},
         {"port", 1, 0, 'p'},  {"claim-port", 1, 0, 'c'}, {"count", 1, 0, 'n'},
         {"bytes", 1, 0, 'b'}, {"seconds", 1, 0, 's'},    {"tags", 1, 0, 't'},
         {"linger", 1, 0, 'l'}, {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
@@ -102,6 +111,7 @@ int main(int argc, char **argv) {
         case 'b': bytes = strtol(optarg, NULL, 10); break;
         case 's': seconds = strtod(optarg, NULL); break;
         case 'l': linger = strtod(optarg, NULL); break;
+        case 'P': prov = optarg; break;
         case 't':
             if (strcmp(optarg, "low") == 0) low_tags = 1;
             else if (strcmp(optarg, "random") != 0) {
@@ -124,7 +134,7 @@ int main(int argc, char **argv) {
     hints->caps = FI_TAGGED;
     hints->addr_format = FI_SOCKADDR_IN;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
-    hints->fabric_attr->prov_name = strdup("tcp;ofi_rxm");
+    hints->fabric_attr->prov_name = strdup(prov);
     CHECK(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", NULL, FI_SOURCE, hints, &info));
     struct fid_fabric *fabric;
     struct fid_domain *domain;

@@ -26,6 +26,7 @@ static const struct {
     {"tcp", "tcp;ofi_rxm"},
     {"verbs", "verbs;ofi_rxm"},
     {"efa", "efa"},
+    {"net", "net"},
 };
 #define NKNOWN (sizeof known_providers / sizeof known_providers[0])
 
@@ -232,7 +233,7 @@ terse_status terse__fabric_select(const char *provider, int same_host, int rank,
     if (strcmp(provider, "auto") != 0)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "rank %d: unknown provider '%s' (TERSE_PROVIDER takes shm, tcp, "
-                           "verbs, efa or auto)",
+                           "verbs, efa, net or auto)",
                            rank, provider);
 
     /* auto: shm when every rank shares this host; otherwise RDMA if the
