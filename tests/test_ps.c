@@ -498,12 +498,15 @@ Test(ps, ssp_a_nonfinite_push_is_not_applied_and_holds_nobody) {
  * sync:quorum=2,deadline_ms=D. Round r samples two workers (r even: 1 and
  * 2; odd: 2 and 3); the third calls terse_ps_clock without pushing and
  * pulls, which waits until the round closed. In round 2 worker 1 is late
- * by 3 D: the round closes at its deadline with worker 2's push alone,
+ * by D + 2 s: the round closes at its deadline with worker 2's push alone,
  * and worker 1's push is refused as late. */
 #define ROUNDS 4
 /* long enough that no sampled worker misses a round on a loaded 2-core
- * machine (400 ms once did, in CI, beside the replacement tests) */
-#define DEADLINE_MS 1000
+ * machine (400 ms once did in CI, beside the replacement tests, and
+ * 1000 ms once did in round 0, beside the other suites) */
+#define DEADLINE_MS 3000
+/* how long worker 1 is late in round 2: past the deadline, with margin */
+#define LATE_MS (DEADLINE_MS + 2000)
 static int sampled(int w, int r) { return r % 2 ? w >= 2 : w <= 2; }
 
 /* Rounds' variants: worker 3 dies in round 1; pushes weighted w + 1
@@ -548,7 +551,7 @@ static int rounds_body(terse_comm *c, tr_out *o, const void *arg) {
     for (int r = 0; r < ROUNDS; r++) {
         if (dies && rank == 3 && r == 1) raise(SIGKILL); /* mid-round, before its push */
         if (sampled(rank, r)) {
-            if (!dies && r == 2 && rank == 1) usleep(3 * DEADLINE_MS * 1000);
+            if (!dies && r == 2 && rank == 1) usleep(LATE_MS * 1000);
             for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, r, 0, i);
             if (j && j->weighted) {
                 o->u[10 + r] = (uint64_t)terse_ps_push_weighted(ps, 0, buf, rounds_weight(j, rank), NULL);
