@@ -393,8 +393,9 @@ static void watchdog(terse_comm *c) {
     uint64_t limit = (uint64_t)c->timeout_ms * 1000000ull;
     if (limit > WATCH_LIMIT_NS) limit = WATCH_LIMIT_NS;
     if (atomic_load(&c->abandoned)) return;
-    /* A lock a dead process held can be released (shm, libfabric 1.17):
-     * then the call goes on, and the loss is reported as a loss. */
+    /* With TERSE_SHM_RESCUE=1 (shm, libfabric 1.17) a lock a dead process
+     * held can be released: then the call goes on, and the loss is
+     * reported as a loss. */
     if (age < limit && c->watched && terse__fabric_shm_rescue(c->fabric)) return;
     if (age < limit) return;
     char who[32] = "a peer";

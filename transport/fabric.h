@@ -167,10 +167,10 @@ void terse__fabric_quiesce(terse__fabric *f);
  * fails at once, and the fabric may never be closed or freed (its thread
  * may still be inside the provider). */
 uint64_t terse__fabric_call_age(terse__fabric *f, int *peer, const char **what);
-/* shm on libfabric 1.17 only (fabric_shm.c says why it is sound): if the
- * call in progress has spun 300 ms or more on a region lock while a
- * rank's process is dead and none is stopped, release that lock (once
- * per stuck call) and say so on stderr; 1 if it did. */
+/* TERSE_SHM_RESCUE=1, shm on libfabric 1.17 only (fabric_shm.c says what
+ * it risks): if the call in progress has spun 300 ms or more on a region
+ * lock while a process of the job is dead and none is stopped, release
+ * that lock (once per stuck call) and say so on stderr; 1 if it did. */
 int terse__fabric_shm_rescue(terse__fabric *f);
 void terse__fabric_abandon(terse__fabric *f);
 int terse__fabric_is_abandoned(const terse__fabric *f);
