@@ -249,6 +249,8 @@ Test(params, malformed_values_are_refused_not_ignored) {
     expect_refused("TERSE_PROGRESS", "threads");
     expect_refused("TERSE_SIMD", "avx9000");
     expect_refused("TERSE_FABRIC_REGISTER", "yes");
+    expect_refused("TERSE_SWEEP", "yes");
+    expect_refused("TERSE_SHM_RESCUE", "on");
 }
 
 Test(params, suffixes_are_powers_of_1024) {
