@@ -213,13 +213,13 @@ struct terse__fabric {
     _Atomic int abandoned;
 
     /* shm (fabric_shm.c): every rank's region file and pid, the pids
-     * replacements took over from, the stuck call last tried (its
-     * call_since) and the locks released. */
+     * replacements took over from, and the stuck call last tried (its
+     * call_since). */
     int shm_rescue; /* TERSE_SHM_RESCUE=1 */
     terse__fabric_shm_peer *shm;
     pid_t shm_gone[TERSE__SHM_GONE_MAX];
     int shm_ngone;
-    uint64_t shm_tried, shm_rescues;
+    uint64_t shm_tried;
 };
 
 /* fabric_info.c: resolve a user provider name ("shm", "tcp", ..., "auto")

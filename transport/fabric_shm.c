@@ -178,41 +178,37 @@ int terse__fabric_shm_rescue(terse__fabric *f) {
     if (!since || now < since + RESCUE_NS || since == f->shm_tried) return 0;
     uint32_t v = fi_version();
     if (FI_MAJOR(v) != 1 || FI_MINOR(v) != 17) return 0;
-    /* The dead (ranks, then replaced processes), for the message. */
-    char dead[160] = "";
-    size_t used = 0;
-    for (int r = 0; r < f->nranks; r++) {
-        if (r == f->rank) continue;
-        char s = proc_state(f->shm[r].pid);
-        if (s == 'S') return 0; /* it may hold the lock and resume inside the section */
-        if (s == 'D' && used < sizeof dead - 32)
-            used += (size_t)snprintf(dead + used, sizeof dead - used, "%srank %d (pid %d)",
-                                     used ? ", " : "", r, (int)f->shm[r].pid);
-    }
-    for (int i = 0; i < f->shm_ngone; i++) {
-        char s = proc_state(f->shm_gone[i]);
-        if (s == 'S') return 0;
-        if (s == 'D' && used < sizeof dead - 40)
-            used += (size_t)snprintf(dead + used, sizeof dead - used, "%sa replaced rank (pid %d)",
-                                     used ? ", " : "", (int)f->shm_gone[i]);
-    }
-    if (!used) return 0; /* tried again at the next look: the death may show later */
     int peer = atomic_load_explicit(&f->call_peer, memory_order_relaxed);
     const char *what = atomic_load_explicit(&f->call_what, memory_order_relaxed);
     int is_send = what && (strcmp(what, "fi_tsend") == 0 || strcmp(what, "fi_tinject") == 0);
     int is_own = what && (strcmp(what, "fi_cq_read") == 0 || strcmp(what, "fi_trecv") == 0);
     if (!is_send && !is_own) return 0; /* fi_cancel, fi_close: no region lock in 1.17 */
     int owner = is_send && peer >= 0 && peer < f->nranks ? peer : f->rank;
+    /* The dead (ranks, then replaced processes), for the message; a
+     * stopped one may hold the lock and resume inside the section. */
+    char dead[160] = "";
+    size_t used = 0;
+    for (int i = 0; i < f->nranks + f->shm_ngone; i++) {
+        if (i == f->rank) continue;
+        pid_t pid = i < f->nranks ? f->shm[i].pid : f->shm_gone[i - f->nranks];
+        char s = proc_state(pid);
+        if (s == 'S') return 0;
+        if (s != 'D' || used >= sizeof dead - 40) continue;
+        char who[24] = "a replaced rank";
+        if (i < f->nranks) snprintf(who, sizeof who, "rank %d", i);
+        used += (size_t)snprintf(dead + used, sizeof dead - used, "%s%s (pid %d)",
+                                 used ? ", " : "", who, (int)pid);
+    }
+    if (!used) return 0; /* tried again at the next look: the death may show later */
     f->shm_tried = since; /* one release attempt per stuck call */
     if (!release(f, owner, since)) return 0;
-    f->shm_rescues++;
     char region[32];
     if (owner == f->rank) snprintf(region, sizeof region, "its own");
     else snprintf(region, sizeof region, "rank %d's", owner);
     fprintf(stderr,
             "terse: rank %d: %s spun %llu ms on the lock of %s shm region while processes of "
             "the job are gone (%s); released the lock (libfabric 1.17 shm)\n",
-            f->rank, what ? what : "a provider call", (unsigned long long)((now - since) / 1000000u),
+            f->rank, what, (unsigned long long)((now - since) / 1000000u),
             region, dead);
     return 1;
 }
