@@ -268,6 +268,9 @@ struct terse_ps {
     uint8_t **rbuf;       /* per server: pull payload */
     size_t *rbuf_cap;
     uint8_t *whdr, *wrep; /* per server: headers */
+    /* replicas 2: a request's transfers, four per server at most (header,
+     * payload, reply header and, posted as that comes in, pull payload) */
+    terse__fabric_req wq[4 * TERSE__PS_MAX_SERVERS];
     terse__ps_rep *reps;
     int finished;
     int created;          /* terse_ps_create succeeded: free may say goodbye */

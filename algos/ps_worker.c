@@ -157,13 +157,52 @@ static terse_status take_backs(terse_ps *ps) {
     }
 }
 
+/* replicas 2: the pull payloads a wait posts as their reply headers come
+ * in. After a failover one server serves two slots, and its reply header
+ * for the second follows the first's payload on the same connection: a
+ * provider that stops reading a connection at a message no receive
+ * matches yet (net) would wait for ever if that payload's receive were
+ * posted only once every header is in (rxm queues it instead). */
+typedef struct early_pulls {
+    terse__ps_key *k;
+    int *qslot;
+    size_t nq;                          /* the wait's requests, these included */
+    int rep_at[TERSE__PS_MAX_SERVERS];  /* slot s's reply header in the wait, or -1 */
+    uint8_t posted[TERSE__PS_MAX_SERVERS]; /* 1: its payload's receive is in the wait */
+} early_pulls;
+
+/* Post the payload receive of every slot whose reply header is in and
+ * announces a pull within bounds; anything else is left to the checks
+ * after the wait, which name it. */
+static terse_status post_early_pulls(terse_ps *ps, terse__fabric_req *q, early_pulls *e) {
+    for (int s = 0; s < ps->nservers; s++) {
+        if (e->rep_at[s] < 0 || e->posted[s]) continue;
+        const terse__fabric_req *h = &q[e->rep_at[s]];
+        if (h->error || h->done < h->chunks) continue;
+        e->posted[s] = 2; /* looked at */
+        terse__ps_rep r;
+        if (terse__ps_get_rep(ps->wrep + s * TERSE__PS_REP_BYTES, &r) != TERSE_OK ||
+            r.seq != ps->seq[s] || r.status != TERSE_OK || r.payload_len == 0 ||
+            r.payload_len > e->k->srv_pull_bound[s])
+            continue;
+        TERSE_CHECK(grow(&ps->rbuf[s], &ps->rbuf_cap[s], r.payload_len));
+        e->qslot[e->nq] = s;
+        TERSE_CHECK(terse__comm_irecv(ps->comm, h->peer,
+                                      terse__ps_tag(s, TERSE__PS_TAG_RDATA, ps->seq[s]),
+                                      ps->rbuf[s], r.payload_len, TERSE__BYTES_PAYLOAD,
+                                      &q[e->nq++]));
+        e->posted[s] = 1;
+    }
+    return TERSE_OK;
+}
+
 /* replicas 2: wait for reqs (qslot[i]: the slot each belongs to) in
  * tolerant mode. A transfer to a server the store announces lost, or one
  * that fails, marks its slot failed[] if the slot has a live replica (its
  * transfers are cancelled and the rest waited for); otherwise the wait
  * fails naming the server and its slot. */
 static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, const int *qslot,
-                               uint8_t *failed, int loss_ok) {
+                               uint8_t *failed, int loss_ok, early_pulls *early) {
     terse_comm *c = ps->comm;
     terse__fabric *f = c->fabric;
     const uint64_t t0 = terse__now_ns();
@@ -180,6 +219,10 @@ static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, co
         }
         size_t events = 0;
         st = terse__fabric_progress(f, &events);
+        if (st == TERSE_OK && early) {
+            st = post_early_pulls(ps, q, early);
+            nq = early->nq;
+        }
         if (st != TERSE_OK) break;
         uint64_t now = terse__now_ns();
         if (c->store && now - last_poll >= 1000000ull) {
@@ -292,7 +335,7 @@ static terse_status one_request(terse_ps *ps, int s, const terse__ps_hdr *h0, co
     if (h.payload_len)
         TERSE_CHECK(terse__comm_isend(c, t, terse__ps_tag(s, TERSE__PS_TAG_DATA, h.seq), payload,
                                       (size_t)h.payload_len, TERSE__BYTES_PAYLOAD, &q[nq++]));
-    TERSE_CHECK(wait_slots(ps, q, nq, qs, failed, loss_ok));
+    TERSE_CHECK(wait_slots(ps, q, nq, qs, failed, loss_ok, NULL));
     if (failed[s]) return TERSE_OK;
     (*seq)++;
     terse__ps_rep r;
@@ -457,11 +500,13 @@ static terse_status exchange_mask(terse_ps *ps, terse__ps_key *k, int op, size_t
     terse_comm *c = ps->comm;
     const int S = ps->nservers, pull = op == TERSE__PS_PULL || op == TERSE__PS_PUSHPULL;
     const int replicated = ps->cfg.replicas == 2;
-    terse__fabric_req *q = c->reqs;
-    int qslot[TERSE__COMM_MAX_REQS];
+    terse__fabric_req *q = replicated ? ps->wq : c->reqs;
+    int qslot[4 * TERSE__PS_MAX_SERVERS];
     size_t nq = 0;
+    early_pulls early = {k, qslot, 0, {0}, {0}};
     terse_status st = TERSE_OK;
     for (int s = 0; s < S; s++) {
+        early.rep_at[s] = -1;
         if (!mask[s]) continue;
         terse__ps_hdr h = {op, key, clock, plen[s], ps->seq[s], k ? k->srv_floats[s] : 0,
                            k ? k->decl_hash : 0, weight, ps->epoch[s]};
@@ -471,6 +516,7 @@ static terse_status exchange_mask(terse_ps *ps, terse__ps_key *k, int op, size_t
         if (!mask[s]) continue;
         uint64_t sq = ps->seq[s];
         int t = ps->target[s];
+        early.rep_at[s] = pull ? (int)nq : -1;
         qslot[nq] = s;
         TERSE_CHECK(terse__comm_irecv(c, t, terse__ps_tag(s, TERSE__PS_TAG_REP, sq),
                                       ps->wrep + s * TERSE__PS_REP_BYTES, TERSE__PS_REP_BYTES,
@@ -485,8 +531,9 @@ static terse_status exchange_mask(terse_ps *ps, terse__ps_key *k, int op, size_t
                                           ps->sbuf[s], plen[s], TERSE__BYTES_PAYLOAD, &q[nq++]));
         }
     }
+    early.nq = nq;
     if (replicated)
-        TERSE_CHECK(wait_slots(ps, q, nq, qslot, failed, 0));
+        TERSE_CHECK(wait_slots(ps, q, nq, qslot, failed, 0, &early));
     else
         TERSE_CHECK(wait_unreplicated(ps, q, nq, mask));
     /* Every reply is in: the conversation with each server moved on. */
@@ -523,13 +570,14 @@ static terse_status exchange_mask(terse_ps *ps, terse__ps_key *k, int op, size_t
                                "its chunks here encode to 1..%zu bytes",
                                ps->rank, t, (unsigned long long)r->payload_len, key,
                                k->srv_pull_bound[s]);
+        if (early.posted[s] == 1) continue; /* in already */
         TERSE_CHECK(grow(&ps->rbuf[s], &ps->rbuf_cap[s], r->payload_len));
         qslot[nq] = s;
         TERSE_CHECK(terse__comm_irecv(c, t, terse__ps_tag(s, TERSE__PS_TAG_RDATA, ps->seq[s] - 1),
                                       ps->rbuf[s], r->payload_len, TERSE__BYTES_PAYLOAD, &q[nq++]));
     }
     if (nq && replicated)
-        TERSE_CHECK(wait_slots(ps, q, nq, qslot, failed, 0));
+        TERSE_CHECK(wait_slots(ps, q, nq, qslot, failed, 0, NULL));
     else if (nq)
         TERSE_CHECK(wait_unreplicated(ps, q, nq, mask));
     if (first >= 0) {
