@@ -214,6 +214,9 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
     int rescue = 0;
     TERSE_CHECK_GOTO(terse__env_choice("TERSE_SHM_RESCUE", flags, 0, &rescue), st, fail);
     f->shm_rescue = rescue && strcmp(f->provider, "shm") == 0;
+    /* TERSE_TRACE_TAGS=1: one stderr line per chunk posted and completed
+     * (finding a message no receive matches; terse.h). */
+    TERSE_CHECK_GOTO(terse__env_choice("TERSE_TRACE_TAGS", flags, 0, &f->trace_tags), st, fail);
     /* rxm's eager limit: its buffer size, or the eager limit if set lower. */
     const size_t rxm_buffer = env_size("FI_OFI_RXM_BUFFER_SIZE", 16384);
     const size_t rxm_limit = env_size("FI_OFI_RXM_EAGER_LIMIT", rxm_buffer);
@@ -271,6 +274,9 @@ void terse__fabric_close(terse__fabric *f) {
     if (f->info) fi_freeinfo(f->info);
     free(f->slots);
     free(f->addrs);
+    free(f->sent_to);
+    free(f->flush_ctx);
+    free(f->flush_state);
     free(f->shm);
     free(f);
 }
@@ -368,6 +374,10 @@ terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t
 
     fi_addr_t *addrs = calloc((size_t)f->nranks, sizeof *addrs);
     if (!addrs) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for the AV", f->rank);
+    if (!f->sent_to && !(f->sent_to = calloc((size_t)f->nranks, 1))) {
+        free(addrs);
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for the AV", f->rank);
+    }
     /* One insert per rank: address lengths may differ between ranks. */
     for (int r = 0; r < f->nranks; r++) {
         const uint8_t *addr = all + (size_t)r * name_len + TERSE__NAME_ADDR_OFF;

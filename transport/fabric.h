@@ -40,8 +40,13 @@ typedef struct terse__fabric terse__fabric;
 terse_status terse__fabric_open(const char *provider, int same_host, int rank, int nranks,
                                 terse__fabric **out);
 void terse__fabric_close(terse__fabric *f);
+/* Before an orderly close on net: wait (at most budget_ns) until every
+ * peer this rank sent to has read everything sent to it, or gone(arg,
+ * peer) says it is gone (fabric_msg.c says why). Other providers: nothing. */
+void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns, int (*gone)(void *, int),
+                         void *arg);
 
-/* "tcp;ofi_rxm", "shm", ... */
+/* "net", "tcp;ofi_rxm", "shm", ... */
 const char *terse__fabric_provider(const terse__fabric *f);
 
 /* This endpoint's address (fi_getname) plus what ranks must agree on;

@@ -121,7 +121,7 @@ struct terse__fabric_op {
 
 struct terse__fabric {
     int rank, nranks;
-    char provider[TERSE__NAME_PROV_LEN]; /* "tcp;ofi_rxm", "shm", ... */
+    char provider[TERSE__NAME_PROV_LEN]; /* "net", "tcp;ofi_rxm", "shm", ... */
     char domain_name[64];                /* interface or device, for messages */
 
     struct fi_info *info;
@@ -216,6 +216,13 @@ struct terse__fabric {
      * replacements took over from, and the stuck call last tried (its
      * call_since). */
     int shm_rescue; /* TERSE_SHM_RESCUE=1 */
+    int trace_tags; /* TERSE_TRACE_TAGS=1 */
+    /* net's flush at close (terse__fabric_flush): per peer, anything sent
+     * to it; the flush's sends and their state (1 posted, 2 acknowledged
+     * or failed) */
+    uint8_t *sent_to;
+    struct fi_context2 *flush_ctx;
+    uint8_t *flush_state;
     terse__fabric_shm_peer *shm;
     pid_t shm_gone[TERSE__SHM_GONE_MAX];
     int shm_ngone;
