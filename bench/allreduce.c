@@ -51,7 +51,7 @@ static void usage(FILE *f) {
 "                       Without it powersgd gets the most nearly square shape\n"
 "                       (64M -> 4096x4096) and every other codec count x 1\n"
 "  -n, --nranks N       ranks to launch (default 2; launcher only)\n"
-"      --provider P     shm, tcp, verbs, efa, net or auto, passed to terse-run\n"
+"      --provider P     shm, tcp, rxm, verbs, efa, net or auto, passed to terse-run\n"
 "                       (default: TERSE_PROVIDER, else terse's auto)\n"
 "  -r, --iters N        timed iterations per row, at most (default %d)\n"
 "  -w, --warmup N       untimed iterations first (default %d)\n"

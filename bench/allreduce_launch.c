@@ -17,7 +17,8 @@
  * for ranks on one host) get its shared-memory btl, vader. */
 static const char *mpi_btl(const ar_options *o) {
     const char *p = o->provider ? o->provider : getenv("TERSE_PROVIDER");
-    if (p && (strcmp(p, "tcp") == 0 || strcmp(p, "verbs") == 0 || strcmp(p, "efa") == 0))
+    if (p && (strcmp(p, "tcp") == 0 || strcmp(p, "rxm") == 0 || strcmp(p, "net") == 0 ||
+              strcmp(p, "verbs") == 0 || strcmp(p, "efa") == 0))
         return "tcp,self";
     return "vader,self";
 }

@@ -23,7 +23,7 @@ usage: $prog RATE COMMAND [ARGS...]
        $prog --help
 
 Run COMMAND in a new network namespace whose loopback is shaped to RATE,
-with TERSE_PROVIDER=tcp (terse's tcp;ofi_rxm provider), then remove the
+with TERSE_PROVIDER=tcp (libfabric's net provider), then remove the
 namespace. Needs root (it creates a namespace and a qdisc).
 
   RATE     as tc(8) reads rates: 1gbit, 100mbit, 10gbit, 500kbit, 125mbps...

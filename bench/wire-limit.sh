@@ -19,7 +19,7 @@ usage() {
 usage: $prog [--providers "shm tcp"] [--sizes "16M 64M 256M"] [--repeats N] [--bench PATH]
 
 Times fi_pingpong and terse-bench allreduce (dense, 2 ranks) on each provider
-(shm, tcp = tcp;ofi_rxm) and size, alternating, N times each (default 3), and
+(shm, tcp = net, rxm = tcp;ofi_rxm) and size, alternating, N times each (default 3), and
 prints the medians: ping-pong GB/s, terse busbw GB/s, and terse / ping-pong.
 Loopback only. Needs fi_pingpong (Debian: libfabric-bin).
 EOF
@@ -73,7 +73,8 @@ echo "# $prog: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ */
 printf "%-6s %10s %12s %12s %8s\n" provider size "pingpong" "terse busbw" "ratio"
 for p in $providers; do
     lf=$p
-    [ "$p" = tcp ] && lf="tcp;ofi_rxm"
+    [ "$p" = tcp ] && lf="net"
+    [ "$p" = rxm ] && lf="tcp;ofi_rxm"
     for s in $sizes; do
         n=$(bytes "$s")
         pp=() tb=()

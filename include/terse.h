@@ -483,15 +483,14 @@ typedef struct terse_comm terse_comm;
  *   addr          "host:port" where rank 0 runs the bootstrap store and the
  *                 others find it: TERSE_ADDR, else MASTER_ADDR:MASTER_PORT.
  *                 Rank 0 binds to exactly this address.
- *   provider      TERSE_PROVIDER: "shm", "tcp" (tcp;ofi_rxm), "verbs"
- *                 (verbs;ofi_rxm), "efa", "net" (libfabric's own TCP RDM
- *                 provider, experimental in 1.17: it leaves a message no
- *                 receive matches in the socket, so a stranger's flood
- *                 costs a rank no memory, which rxm cannot promise; the
- *                 replicated parameter server's failover does not work
- *                 over it yet; SECURITY.md), or "auto" (default: an RDMA
- *                 provider if present, else tcp; shm when all ranks share
- *                 one host).
+ *   provider      TERSE_PROVIDER: "shm", "tcp" (libfabric's own TCP RDM
+ *                 provider, "net": it leaves a message no receive matches
+ *                 in the socket, so a stranger's flood costs a rank no
+ *                 memory; SECURITY.md), "rxm" (tcp;ofi_rxm, the tcp of
+ *                 terse before 2026-12: it queues such messages without
+ *                 bound), "verbs" (verbs;ofi_rxm), "efa", "net" (the same
+ *                 as tcp), or "auto" (default: an RDMA provider if
+ *                 present, else tcp; shm when all ranks share one host).
  *   token         TERSE_TOKEN: the job's shared secret, at least 16 bytes;
  *                 every connection to the store proves it knows the token
  *                 (HMAC-SHA256 challenge-response), and the keys that
@@ -571,7 +570,7 @@ typedef struct terse_comm terse_comm;
  *   TERSE_PROGRESS          thread (default) | caller: see Progress below.
  *   TERSE_FABRIC_REGISTER=1 register every buffer even when the provider
  *                           does not require it (for testing).
- *   TERSE_SWEEP=1           tcp;ofi_rxm: drop messages from addresses that
+ *   TERSE_SWEEP=1           rxm (tcp;ofi_rxm): drop messages from addresses that
  *                           are no rank (rxm queues them forever; counted in
  *                           stats.stranger_drops). Experimental and off by
  *                           default: under a flood on a loaded machine a
@@ -584,6 +583,10 @@ typedef struct terse_comm terse_comm;
  *                           descheduled long enough could be let into its
  *                           section twice (SECURITY.md, "Failure contract").
  *   TERSE_SIMD              scalar | avx2: cap the SIMD level of the codecs.
+ *   TERSE_TRACE_TAGS=1      one stderr line per transport chunk posted and
+ *                           completed (rank, peer, tag): to find a message
+ *                           that no receive matches, which stalls its
+ *                           connection on tcp.
  */
 typedef struct terse_comm_config {
     size_t size;          /* sizeof(terse_comm_config) */
@@ -627,7 +630,8 @@ TERSE_API void terse_comm_free(terse_comm *comm);
 
 TERSE_API int terse_comm_rank(const terse_comm *comm);
 TERSE_API int terse_comm_size(const terse_comm *comm);
-/* The libfabric provider in use, e.g. "tcp;ofi_rxm" or "shm". */
+/* The libfabric provider in use, e.g. "net" (for "tcp"), "tcp;ofi_rxm" (for
+ * "rxm") or "shm". */
 TERSE_API const char *terse_comm_provider(const terse_comm *comm);
 
 typedef enum terse_op {
@@ -797,8 +801,9 @@ typedef struct terse_comm_stats {
     uint64_t auth_failures;      /* chunks dropped: they failed authentication
                                     (TERSE_WIRE=mac) */
     uint64_t stranger_drops;     /* messages dropped that came from an address
-                                    that is no rank of this job (tcp;ofi_rxm
-                                    would otherwise queue them forever) */
+                                    that is no rank of this job (TERSE_SWEEP
+                                    on rxm, which would otherwise queue them
+                                    forever) */
 } terse_comm_stats;
 
 #define TERSE_COMM_STATS_INIT {sizeof(terse_comm_stats), 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0}

@@ -80,6 +80,8 @@ static void usage(FILE *to) {
             "                   uses for its first collectives, any chunk index\n"
             "  --provider P     the libfabric provider (default tcp;ofi_rxm; net)\n"
             "  --linger S       keep the endpoint open S seconds after the last send\n"
+            "  --conns K        open K-1 more endpoints first, each its own connection\n"
+            "                   to the target, each sending one 64-byte message (default 1)\n"
             "                   (default 0.5)\n"
             "  --help           this text\n");
 }
@@ -94,7 +96,7 @@ static void usage(FILE *to) {
     } while (0)
 
 int main(int argc, char **argv) {
-    long port = 0, count = 100000, bytes = 4096;
+    long port = 0, count = 100000, bytes = 4096, conns = 1;
     double seconds = 20, linger = 0.5;
     int low_tags = 0;
     const char *prov = "tcp;ofi_rxm";
@@ -102,7 +104,8 @@ int main(int argc, char **argv) {
         {"provider", 1, 0, 'P'},
         {"port", 1, 0, 'p'},  {"claim-port", 1, 0, 'c'}, {"count", 1, 0, 'n'},
         {"bytes", 1, 0, 'b'}, {"seconds", 1, 0, 's'},    {"tags", 1, 0, 't'},
-        {"linger", 1, 0, 'l'}, {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
+        {"linger", 1, 0, 'l'}, {"conns", 1, 0, 'k'},      {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
     for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (o) {
         case 'p': port = strtol(optarg, NULL, 10); break;
@@ -111,6 +114,7 @@ int main(int argc, char **argv) {
         case 'b': bytes = strtol(optarg, NULL, 10); break;
         case 's': seconds = strtod(optarg, NULL); break;
         case 'l': linger = strtod(optarg, NULL); break;
+        case 'k': conns = strtol(optarg, NULL, 10); break;
         case 'P': prov = optarg; break;
         case 't':
             if (strcmp(optarg, "low") == 0) low_tags = 1;
@@ -124,7 +128,7 @@ int main(int argc, char **argv) {
         }
     }
     if (port <= 0 || port > 65535 || claim_port < 0 || claim_port > 65535 || count < 0 ||
-        bytes < 0 || bytes > (1 << 24) || seconds < 0) {
+        bytes < 0 || bytes > (1 << 24) || seconds < 0 || conns < 1 || conns > 10000) {
         usage(stderr);
         return 2;
     }
@@ -140,7 +144,7 @@ int main(int argc, char **argv) {
     struct fid_domain *domain;
     struct fid_av *av;
     struct fid_cq *cq;
-    struct fid_ep *ep;
+    struct fid_ep *ep, **extra = NULL;
     CHECK(fi_fabric(info->fabric_attr, &fabric, NULL));
     CHECK(fi_domain(fabric, info, &domain, NULL));
     struct fi_av_attr aa = {.type = FI_AV_TABLE};
@@ -161,6 +165,25 @@ int main(int argc, char **argv) {
     }
     char *buf = malloc((size_t)bytes + 1);
     memset(buf, 0x7f, (size_t)bytes + 1); /* floats of about 3.4e38 */
+    /* --conns K: K-1 more endpoints, each its own connection to the
+     * target, each sending one message (so that the target accepts it) */
+    long opened = 1;
+    if (conns > 1 && !(extra = calloc((size_t)conns, sizeof *extra))) return 2;
+    static char extra_ctx; /* marks the extra endpoints' completions */
+    for (long k = 1; k < conns; k++) {
+        if (fi_endpoint(domain, info, &extra[k], NULL) || fi_ep_bind(extra[k], &av->fid, 0) ||
+            fi_ep_bind(extra[k], &cq->fid, FI_TRANSMIT | FI_RECV) || fi_enable(extra[k])) {
+            fprintf(stderr, "fabric_intruder: endpoint %ld of %ld would not open\n", k, conns);
+            extra[k] = NULL;
+            break;
+        }
+        opened++;
+        while (fi_tsend(extra[k], buf, bytes < 64 ? (size_t)bytes : 64, NULL, dest, (uint64_t)k,
+                        &extra_ctx) == -FI_EAGAIN) {
+            struct fi_cq_tagged_entry e1[16];
+            (void)fi_cq_read(cq, e1, 16);
+        }
+    }
     uint64_t rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
     long sent = 0, posted = 0, failed = 0;
     const long depth = 256;
@@ -183,11 +206,11 @@ int main(int argc, char **argv) {
             posted++;
         }
         ssize_t n = fi_cq_read(cq, ent, 64);
-        if (n > 0) sent += n;
-        else if (n == -FI_EAVAIL) {
+        for (ssize_t i = 0; i < n; i++) sent += ent[i].op_context == NULL;
+        if (n == -FI_EAVAIL) {
             struct fi_cq_err_entry e = {0};
             fi_cq_readerr(cq, &e, 0);
-            failed++;
+            failed += e.op_context == NULL;
             if (failed > 1000) break; /* the target refuses us: done */
         }
     }
@@ -197,9 +220,13 @@ out:;
         (void)fi_cq_read(cq, ent, 64);
         usleep(1000);
     }
-    printf("fabric_intruder: sent %ld messages of %ld bytes (%ld failed) in %.2f s\n", sent, bytes,
-           failed, t);
+    printf("fabric_intruder: sent %ld messages of %ld bytes (%ld failed) in %.2f s over %ld "
+           "connections\n",
+           sent, bytes, failed, t, opened);
     fflush(stdout);
+    for (long k = 1; extra && k < conns; k++)
+        if (extra[k]) fi_close(&extra[k]->fid);
+    free(extra);
     fi_close(&ep->fid);
     fi_close(&cq->fid);
     fi_close(&av->fid);

@@ -2,7 +2,7 @@
 # netns_two_hosts.sh ALLREDUCE_CHECK
 #
 # Two "hosts" made of network namespaces joined by a veth pair, with terse's
-# tcp provider (tcp;ofi_rxm) across the link: rank 0 runs in namespace A,
+# tcp provider (libfabric's net) across the link: rank 0 runs in namespace A,
 # rank 1 in namespace B, each started by hand with the variables a launcher
 # sets. Passes when both ranks print OK from tests/allreduce_check.c and the
 # veth really carried the job's bytes.
@@ -102,7 +102,7 @@ fail=0
 for r in 0 1; do
     if [[ $r == 0 ]]; then rc=$rc_a out=$out_a ns=$ns_a; else rc=$rc_b out=$out_b ns=$ns_b; fi
     sed "s/^/[rank $r in $ns] /" "$out"
-    if [[ $rc != 0 ]] || ! grep -q "^OK rank $r of 2 over tcp" "$out"; then
+    if [[ $rc != 0 ]] || ! grep -q "^OK rank $r of 2 over net" "$out"; then
         echo "FAIL: rank $r (namespace $ns) exited $rc without its OK line"
         fail=1
     fi

@@ -272,7 +272,8 @@ Test(params, suffixes_are_powers_of_1024) {
 
 /* Rank 2 dies (SIGKILL) or stops (SIGSTOP) while ranks 0 and 1 have four
  * requests in flight; every one must complete with PEER_LOST or TIMEOUT
- * naming rank 2. u[k]: request k's status; val[0]: time to the last. */
+ * naming rank 2 (stopped: on at least one survivor, see below).
+ * u[k]: request k's status; val[0]: time to the last. */
 #define INFLIGHT 4
 static int inflight_body(terse_comm *c, tr_out *o, const void *arg) {
     const int sig = *(const int *)arg, r = terse_comm_rank(c);
@@ -312,8 +313,14 @@ static void check_inflight(int sig) {
             cr_expect(o[r].u[k] == TERSE_ERR_PEER_LOST || o[r].u[k] == TERSE_ERR_TIMEOUT,
                       "%s: rank %d request %d returned %llu: %s", strsignal(sig), r, k,
                       (unsigned long long)o[r].u[k], o[r].err);
-            cr_expect_eq(o[r].hash[k], 1, "%s: rank %d request %d does not name rank 2: %s",
-                         strsignal(sig), r, k, o[r].err);
+            /* A stopped rank is silent, not lost: over tcp (net) the
+             * kernel takes a rank's sends to it, so a survivor that waits
+             * only on the other survivor (itself held up by rank 2) can
+             * name no one else. That survivor must still fail in time, and
+             * the one that waited on rank 2 must name it. */
+            if (sig == SIGKILL || !o[1 - r].hash[k])
+                cr_expect_eq(o[r].hash[k], 1, "%s: rank %d request %d does not name rank 2: %s",
+                             strsignal(sig), r, k, o[r].err);
         }
         cr_expect_leq(o[r].val[0], 3000.0 + 2000.0, "%s: rank %d took %.0f ms", strsignal(sig), r,
                       o[r].val[0]);

@@ -286,7 +286,7 @@ Test(launch, provider_must_be_a_known_name) {
         setenv("TERSE_PROVIDER", bad[i], 1);
         char want[64];
         snprintf(want, sizeof want, "TERSE_PROVIDER='%s'", bad[i]);
-        expect_invalid(NULL, want, "shm, tcp, verbs, efa, net or auto");
+        expect_invalid(NULL, want, "shm, tcp, rxm, verbs, efa, net or auto");
     }
     unsetenv("TERSE_PROVIDER");
     terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;

@@ -278,11 +278,11 @@ int main(int argc, char **argv) {
     for (int r = 0; r < nranks; r++) {
         int st = 0;
         waitpid(pid[r], &st, 0);
-        if (!ps_mode && !strcmp(provider, "tcp") && in_teardown[r] && WIFSIGNALED(st) &&
+        if (!ps_mode && !strcmp(provider, "rxm") && in_teardown[r] && WIFSIGNALED(st) &&
             WTERMSIG(st) == SIGSEGV) {
             /* seen in the fresh-clone CI, 2026-12-03: step 3 tears the job
              * down mid-transfer, as the kill tests do (SECURITY.md) */
-            fprintf(stderr, "WARNING: KNOWN LIMITATION: rank %d (tcp) died of SIGSEGV while the "
+            fprintf(stderr, "WARNING: KNOWN LIMITATION: rank %d (rxm) died of SIGSEGV while the "
                             "job was torn down: %s\n", r, TR_RXM_TEARDOWN_SEGV);
             continue;
         }

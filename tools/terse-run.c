@@ -40,7 +40,7 @@ static void usage(FILE *f) {
             "\n"
             "options:\n"
             "  -n N              number of ranks, 1 to %d (required)\n"
-            "  --provider P      set TERSE_PROVIDER for every rank: shm, tcp, verbs, efa, net, auto\n"
+            "  --provider P      set TERSE_PROVIDER for every rank: shm, tcp, rxm, verbs, efa, net, auto\n"
             "  --timeout-ms T    set TERSE_TIMEOUT_MS for every rank (milliseconds, > 0)\n"
             "  --addr HOST:PORT  address of rank 0's store (default: 127.0.0.1 and a free port)\n"
             "  --no-prefix       pass the ranks' output through untouched instead of\n"

@@ -18,12 +18,19 @@
 
 /* The names a user may type, and the libfabric provider each one means.
  * The libfabric spelling is accepted too, so the string
- * terse_comm_provider() returns can be fed back. */
+ * terse_comm_provider() returns can be fed back. tcp is libfabric's net
+ * provider: it stops reading a connection at a message no posted receive
+ * matches (keeping at most 4 small ones aside per connection), where
+ * tcp;ofi_rxm queues every such message without bound -- a stranger's
+ * flood would grow a rank's memory as fast as it sends (SECURITY.md).
+ * terse's protocols post each receive before its message can block
+ * anything behind it on the same connection (algos/ps_worker.c). */
 static const struct {
     const char *user, *prov;
 } known_providers[] = {
     {"shm", "shm"},
-    {"tcp", "tcp;ofi_rxm"},
+    {"tcp", "net"},
+    {"rxm", "tcp;ofi_rxm"},
     {"verbs", "verbs;ofi_rxm"},
     {"efa", "efa"},
     {"net", "net"},
@@ -233,12 +240,12 @@ terse_status terse__fabric_select(const char *provider, int same_host, int rank,
     if (strcmp(provider, "auto") != 0)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "rank %d: unknown provider '%s' (TERSE_PROVIDER takes shm, tcp, "
-                           "verbs, efa, net or auto)",
+                           "rxm, verbs, efa, net or auto)",
                            rank, provider);
 
     /* auto: shm when every rank shares this host; otherwise RDMA if the
      * machine has it (verbs, then efa), else tcp. */
-    static const char *const order[] = {"shm", "verbs;ofi_rxm", "efa", "tcp;ofi_rxm"};
+    static const char *const order[] = {"shm", "verbs;ofi_rxm", "efa", "net"};
     for (size_t k = same_host ? 0 : 1; k < sizeof order / sizeof order[0]; k++) {
         terse_status st;
         int ret = find(order[k], same_host, rank, out, &st);
@@ -248,5 +255,5 @@ terse_status terse__fabric_select(const char *provider, int same_host, int rank,
                                "rank %d: fi_getinfo for provider %s failed: %s", rank, order[k],
                                fi_strerror(-ret));
     }
-    return absent("auto", "tcp;ofi_rxm", rank);
+    return absent("auto", "net", rank);
 }

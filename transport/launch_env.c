@@ -196,7 +196,7 @@ static terse_status resolve_token(const terse_comm_config *cfg, terse__launch *o
 }
 
 static terse_status resolve_provider(const terse_comm_config *cfg, terse__launch *out) {
-    static const char *const known[] = {"shm", "tcp", "verbs", "efa", "net", "auto"};
+    static const char *const known[] = {"shm", "tcp", "rxm", "verbs", "efa", "net", "auto"};
     const char *name = "config provider", *v = HAS_FIELD(cfg, provider) ? cfg->provider : NULL;
     if (!v) {
         name = "TERSE_PROVIDER";
@@ -209,7 +209,7 @@ static terse_status resolve_provider(const terse_comm_config *cfg, terse__launch
             return TERSE_OK;
         }
     return TERSE_ERROR(TERSE_ERR_INVALID,
-                       "%s='%.40s' is not a provider; use shm, tcp, verbs, efa, net or auto", name, v);
+                       "%s='%.40s' is not a provider; use shm, tcp, rxm, verbs, efa, net or auto", name, v);
 }
 
 static terse_status resolve_timeout(const terse_comm_config *cfg, terse__launch *out) {
