@@ -307,11 +307,17 @@ static void *close_main(void *arg) {
     return NULL;
 }
 
-/* terse__fabric_flush: a peer the store reports lost reads nothing more. */
-static int peer_gone(void *arg, int peer) {
+/* terse__fabric_flush: a peer the store reports lost reads nothing more.
+ * A store that fails gives no news (and leaves no sentence behind). */
+static const uint8_t *lost_map(void *arg) {
     terse_comm *c = arg;
     const uint8_t *lost = NULL;
-    return c->store && terse__store_poll_lost(c->store, &lost) == TERSE_OK && lost && lost[peer];
+    if (!c->store) return NULL;
+    char why[512];
+    snprintf(why, sizeof why, "%s", terse_last_error());
+    if (terse__store_poll_lost(c->store, &lost) != TERSE_OK) lost = NULL;
+    terse__error_restore(why);
+    return lost;
 }
 
 static void close_fabric(terse_comm *c) {
@@ -319,7 +325,7 @@ static void close_fabric(terse_comm *c) {
         /* after a clean run, what this rank sent reaches its peers first
          * (net; at most the timeout, 5 s at most) */
         uint64_t budget_ms = c->timeout_ms < 5000 ? c->timeout_ms : 5000;
-        if (!c->failed) terse__fabric_flush(c->fabric, budget_ms * 1000000ull, peer_gone, c);
+        if (!c->failed) terse__fabric_flush(c->fabric, budget_ms * 1000000ull, lost_map, c);
         terse__fabric_close(c->fabric);
         return;
     }

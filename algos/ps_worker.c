@@ -173,11 +173,14 @@ typedef struct early_pulls {
 
 /* Post the payload receive of every slot whose reply header is in and
  * announces a pull within bounds; anything else is left to the checks
- * after the wait, which name it. */
-static terse_status post_early_pulls(terse_ps *ps, terse__fabric_req *q, early_pulls *e) {
+ * after the wait, which name it. A slot that failed, or whose server is
+ * lost or replaced, gets none: its buffer may move before the retry. */
+static terse_status post_early_pulls(terse_ps *ps, terse__fabric_req *q, early_pulls *e,
+                                     const uint8_t *failed, const uint8_t *lost) {
     for (int s = 0; s < ps->nservers; s++) {
-        if (e->rep_at[s] < 0 || e->posted[s]) continue;
+        if (e->rep_at[s] < 0 || e->posted[s] || failed[s]) continue;
         const terse__fabric_req *h = &q[e->rep_at[s]];
+        if ((lost && lost[h->peer]) || ps->stale[s]) continue;
         if (h->error || h->done < h->chunks) continue;
         e->posted[s] = 2; /* looked at */
         terse__ps_rep r;
@@ -220,7 +223,7 @@ static terse_status wait_slots(terse_ps *ps, terse__fabric_req *q, size_t nq, co
         size_t events = 0;
         st = terse__fabric_progress(f, &events);
         if (st == TERSE_OK && early) {
-            st = post_early_pulls(ps, q, early);
+            st = post_early_pulls(ps, q, early, failed, lost);
             nq = early->nq;
         }
         if (st != TERSE_OK) break;

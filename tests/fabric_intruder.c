@@ -78,11 +78,11 @@ static void usage(FILE *to) {
             "  --seconds S      stop sending after S seconds (default 20)\n"
             "  --tags MODE      random (default): tags anywhere; low: the tags terse\n"
             "                   uses for its first collectives, any chunk index\n"
-            "  --provider P     the libfabric provider (default tcp;ofi_rxm; net)\n"
+            "  --provider P     the libfabric provider (default tcp;ofi_rxm; or net)\n"
             "  --linger S       keep the endpoint open S seconds after the last send\n"
+            "                   (default 0.5)\n"
             "  --conns K        open K-1 more endpoints first, each its own connection\n"
             "                   to the target, each sending one 64-byte message (default 1)\n"
-            "                   (default 0.5)\n"
             "  --help           this text\n");
 }
 

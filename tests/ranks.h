@@ -221,7 +221,7 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
         if (tr_known_segv && !strcmp(tr_provider(job), "rxm") && WIFSIGNALED(status[r]) &&
             WTERMSIG(status[r]) == SIGSEGV) {
             fprintf(stderr, "WARNING: KNOWN LIMITATION: rank %d (%s) died of SIGSEGV: %s\n", r,
-                    job->provider, tr_known_segv);
+                    tr_provider(job), tr_known_segv);
             continue;
         }
         if (r == job->victim || (tr_victim2 && r == tr_victim2)) {

@@ -16,6 +16,7 @@
  * Bounded in count and time; the intruder targets only this test's rank. */
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "algos/comm.h"
@@ -50,7 +51,8 @@ static double rss_mb(void) {
 }
 
 /* u[0]: first failing status; u[1]: OK calls with a wrong sum; u[2]: calls;
- * u[3]: intruder exit status ok; u[4]: messages it sent; u[6]: its sends refused; u[5]: dropped
+ * u[3]: intruder exit status ok; u[4]: messages it sent; u[6]: its sends refused;
+ * u[7]: connections it opened; u[5]: dropped
  * from addresses that are not ranks; u[10]: port; val[0], val[1]: RSS
  * before and at most during the attack (MB). */
 static int attack_body(terse_comm *c, tr_out *o, const void *arg) {
@@ -115,14 +117,17 @@ static int attack_body(terse_comm *c, tr_out *o, const void *arg) {
     }
     if (r == 0) {
         FILE *f = fopen(out, "r");
-        long sent = 0, bytes = 0, refused = 0;
+        long sent = 0, bytes = 0, refused = 0, conns = 0;
+        double secs_taken = 0;
         if (f) {
-            if (fscanf(f, "fabric_intruder: sent %ld messages of %ld bytes (%ld failed)", &sent,
-                       &bytes, &refused) != 3)
-                sent = refused = 0;
+            if (fscanf(f, "fabric_intruder: sent %ld messages of %ld bytes (%ld failed) in %lf s "
+                          "over %ld connections",
+                       &sent, &bytes, &refused, &secs_taken, &conns) != 5)
+                sent = refused = conns = 0;
             fclose(f);
         }
         o->u[6] = (uint64_t)refused;
+        o->u[7] = (uint64_t)conns;
             unlink(out);
         o->u[4] = (uint64_t)sent;
     }
@@ -252,11 +257,21 @@ static void impersonate(const char *provider, const char *intruder_provider) {
  * job must stay right. The bound is the process's file-descriptor limit
  * times that cost (SECURITY.md). */
 Test(intruder, a_stranger_with_2000_connections_costs_a_tcp_rank_a_bounded_amount) {
+    /* each of the intruder's endpoints also listens: two descriptors each */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_max < 4200)
+        cr_skip_test("needs 4,200 file descriptors (ulimit -n); the hard limit is lower");
+    if (rl.rlim_cur < 4200) {
+        rl.rlim_cur = 4200;
+        cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0, "setrlimit");
+    }
     unsetenv("TERSE_WIRE");
     attack a = {0, 10, 64, "random", "10", "net", 2000};
     tr_job job = {"tcp", 2, 5000, 120, -1};
     tr_out *o = tr_run(&job, attack_body, &a);
     cr_assert_eq(o[0].u[3], 1, "the intruder did not run to completion");
+    cr_assert_eq(o[0].u[7], 2000, "the intruder opened %llu connections of 2000",
+                 (unsigned long long)o[0].u[7]);
     double grew = o[0].val[1] - o[0].val[0];
     fprintf(stderr, "net, 2000 connections: rank 0 resident %.1f MB before, at most %.1f MB "
                     "during (%.1f KB per connection); %llu allreduces on rank 0\n",

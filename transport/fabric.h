@@ -41,10 +41,11 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
                                 terse__fabric **out);
 void terse__fabric_close(terse__fabric *f);
 /* Before an orderly close on net: wait (at most budget_ns) until every
- * peer this rank sent to has read everything sent to it, or gone(arg,
- * peer) says it is gone (fabric_msg.c says why). Other providers: nothing. */
-void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns, int (*gone)(void *, int),
-                         void *arg);
+ * peer this rank sent to has read everything sent to it, or is marked in
+ * lost_map(arg) (polled each millisecond; NULL: no news) (fabric_msg.c
+ * says why). Other providers: nothing. */
+void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns,
+                         const uint8_t *(*lost_map)(void *), void *arg);
 
 /* "net", "tcp;ofi_rxm", "shm", ... */
 const char *terse__fabric_provider(const terse__fabric *f);

@@ -1294,24 +1294,27 @@ void terse__fabric_quiesce(terse__fabric *f) {
  * provider has read it, and so everything before it on the connection.
  * The peer's net keeps it aside (at most 4 small unmatched messages per
  * connection) or, behind a message it cannot match yet, stalls on it. */
-void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns, int (*gone)(void *, int),
-                         void *arg) {
+void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns,
+                         const uint8_t *(*lost_map)(void *), void *arg) {
     if (!f || !f->ep || f->failed || !f->sent_to || strcmp(f->provider, "net") != 0 ||
         atomic_load(&f->abandoned))
         return;
     f->flush_ctx = calloc((size_t)f->nranks, sizeof *f->flush_ctx);
     f->flush_state = calloc((size_t)f->nranks, 1);
     if (!f->flush_ctx || !f->flush_state) return; /* closed unflushed, as before */
-    const uint64_t until = terse__now_ns() + budget_ns;
-    uint64_t last_look = 0;
+    const uint64_t start = terse__now_ns(), until = start + budget_ns;
+    uint64_t last_look = 0, last_event = start;
     for (;;) {
         int left = 0;
         uint64_t now = terse__now_ns();
-        int look = gone && now - last_look >= 1000000ull;
-        if (look) last_look = now;
+        const uint8_t *lost = NULL;
+        if (lost_map && now - last_look >= 1000000ull) {
+            last_look = now;
+            lost = lost_map(arg); /* NULL: no news */
+        }
         for (int p = 0; p < f->nranks; p++) {
             if (p == f->rank || !f->sent_to[p] || f->flush_state[p] == 2) continue;
-            if (look && gone(arg, p)) {
+            if (lost && lost[p]) {
                 f->flush_state[p] = 2;
                 continue;
             }
@@ -1340,7 +1343,14 @@ void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns, int (*gone)(void 
         if (!left || now >= until) return;
         size_t ev = 0;
         if (read_cq(f, &ev) != TERSE_OK) return;
-        if (!ev) sched_yield();
+        if (ev) {
+            last_event = now;
+        } else if (now - last_event >= 200000u) { /* a peer busy elsewhere: leave it the core */
+            struct timespec nap = {0, NAP_NS};
+            nanosleep(&nap, NULL);
+        } else {
+            sched_yield();
+        }
     }
 }
 
