@@ -625,7 +625,12 @@ typedef struct terse_comm_config {
 TERSE_API terse_status terse_comm_init(const terse_comm_config *config, terse_comm **out);
 
 /* Leave the job and release everything. NULL is accepted. Not collective:
- * a rank may free after an error without the others. */
+ * a rank may free after an error without the others. On tcp (libfabric's
+ * net) a rank whose calls all succeeded first waits until each peer it
+ * sent to has read everything sent to it -- net forgets what it still
+ * holds when the endpoint closes -- which takes as long as those peers
+ * take to make their next terse call or free: at most the timeout, and
+ * never more than 5 s (then a line on stderr names one of them). */
 TERSE_API void terse_comm_free(terse_comm *comm);
 
 TERSE_API int terse_comm_rank(const terse_comm *comm);

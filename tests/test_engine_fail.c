@@ -251,6 +251,7 @@ Test(params, malformed_values_are_refused_not_ignored) {
     expect_refused("TERSE_FABRIC_REGISTER", "yes");
     expect_refused("TERSE_SWEEP", "yes");
     expect_refused("TERSE_SHM_RESCUE", "on");
+    expect_refused("TERSE_TRACE_TAGS", "true");
 }
 
 Test(params, suffixes_are_powers_of_1024) {
