@@ -1478,6 +1478,17 @@ static int failover_body(terse_comm *c, tr_out *o, const void *arg) {
         o->u[0] = st.replicated, o->u[1] = st.takeovers, o->u[2] = st.duplicates;
         o->u[3] = st.steps_closed;
         o->val[1] = tr_now_ms(); /* serving ended */
+        /* TR_HOLD_STORE: rank 0 keeps the bootstrap store up until the
+         * replacement has served (20 s at most), so that a job which fails
+         * fast cannot leave before the replacement joins */
+        if (getenv("TR_REPLACEMENT") && getenv("TR_HOLD_STORE"))
+            (void)terse__store_set(c->store, "replacement/done", "1", 2);
+        for (int i = 0; getenv("TR_HOLD_STORE") && rank == 0 && !watching && i < 2000; i++) {
+            char v[4];
+            size_t len = sizeof v;
+            if (terse__store_get(c->store, "replacement/done", v, &len, 10) == TERSE_OK) break;
+            usleep(10000);
+        }
         terse_ps_free(ps);
         return 0;
     }
@@ -1758,7 +1769,11 @@ Test(ps, a_replacement_whose_slot_died_with_its_stand_in_says_so_at_once) {
     tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_replace_victim = 1;
     tr_victim2 = 2;
+    /* over net the job fails fast enough that rank 0, the store, was seen
+     * to leave before the replacement joined (fresh-clone CI, 2026-12-03) */
+    setenv("TR_HOLD_STORE", "1", 1);
     tr_out *o = tr_run(&kj, failover_body_soft, &j);
+    unsetenv("TR_HOLD_STORE");
     tr_replace_victim = 0;
     tr_victim2 = 0;
     tr_known_segv = NULL;
