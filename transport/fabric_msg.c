@@ -684,7 +684,8 @@ static terse_status complete_error(terse__fabric *f) {
     /* Some providers (shm in 1.17) report err negated. */
     int err = e.err < 0 ? -e.err : e.err;
     if (e.op_context && !is_slot(f, e.op_context)) { /* a peek found nothing, or a claim failed */
-        if (flush_index(f, e.op_context) >= 0) f->flush_state[flush_index(f, e.op_context)] = 2;
+        int k = flush_index(f, e.op_context);
+        if (k >= 0) f->flush_state[k] = 2;
         else if (e.op_context == f->peek_wait && f->peek_state == 0) f->peek_state = 2;
         else early_done(f, e.op_context, 0, 1);
         return TERSE_OK;
@@ -1305,7 +1306,7 @@ void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns,
     const uint64_t start = terse__now_ns(), until = start + budget_ns;
     uint64_t last_look = 0, last_event = start;
     for (;;) {
-        int left = 0;
+        int left = 0, first = -1; /* peers not flushed yet; the first of them */
         uint64_t now = terse__now_ns();
         const uint8_t *lost = NULL;
         if (lost_map && now - last_look >= 1000000ull) {
@@ -1318,7 +1319,7 @@ void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns,
                 f->flush_state[p] = 2;
                 continue;
             }
-            left = 1;
+            if (!left++) first = p;
             if (f->flush_state[p]) continue;
             struct fi_msg_tagged m;
             memset(&m, 0, sizeof m);
@@ -1329,17 +1330,13 @@ void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns,
             if (ret == 0) f->flush_state[p] = 1;
             else if (ret != -FI_EAGAIN) f->flush_state[p] = 2;
         }
-        if (left && now >= until) {
-            int first = -1, n = 0;
-            for (int p = 0; p < f->nranks; p++)
-                if (p != f->rank && f->sent_to[p] && f->flush_state[p] != 2) n++, first = first < 0 ? p : first;
+        if (left && now >= until)
             fprintf(stderr,
                     "terse: rank %d: closing although %d peer%s (rank %d%s) had not read all it "
                     "was sent after %llu ms: busy outside terse, or stalled on a message no "
                     "receive matched\n",
-                    f->rank, n, n == 1 ? "" : "s", first, n > 1 ? " and others" : "",
+                    f->rank, left, left == 1 ? "" : "s", first, left > 1 ? " and others" : "",
                     (unsigned long long)(budget_ns / 1000000u));
-        }
         if (!left || now >= until) return;
         size_t ev = 0;
         if (read_cq(f, &ev) != TERSE_OK) return;
