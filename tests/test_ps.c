@@ -570,6 +570,7 @@ static int rounds_body(terse_comm *c, tr_out *o, const void *arg) {
         o->hash[r] = tr_hash(buf, sizeof buf);
         o->f[r] = buf[0];
         if (sampled(rank, r)) TR_CALL(o, terse_ps_clock(ps));
+        o->u[20 + r] = terse_ps_worker_clock(ps); /* past r + 1: it fell behind a quorum */
     }
     TR_CALL(o, terse_ps_finish(ps));
     terse_ps_free(ps);
@@ -588,7 +589,27 @@ static void rounds_on_time(const rounds_job *j) {
          * pull moves its clock there), and rounds after that are other
          * steps for it, some closed empty by their deadline */
         cr_assert_eq(o[3].hash[r], o[2].hash[r], "round %d: workers 2 and 3 differ", r);
-        if (r < 2) cr_assert_eq(o[1].hash[r], o[2].hash[r], "round %d: worker 1 differs", r);
+        /* A weighted push and its pull are two requests: if worker 1 is
+         * descheduled between them while workers 2 and 3 close round 1 on
+         * their quorum, its pull returns round 1's result and moves its
+         * clock there (terse.h, Steps), and its rounds run one ahead. */
+        const int behind = o[1].u[20] > 1;
+        if (r == 0 && behind) {
+            fprintf(stderr, "worker 1 fell behind the quorum in round 0 (its clock went to "
+                            "%llu): its pull returned round 1's result, as documented\n",
+                    (unsigned long long)o[1].u[20]);
+            cr_assert_eq(o[1].hash[0], o[2].hash[1], "round 0: worker 1 behind (%g), want "
+                         "round 1's result (%g)", (double)o[1].f[0], (double)o[2].f[1]);
+        } else if (r < 2 && !behind) {
+            cr_assert_eq(o[1].hash[r], o[2].hash[r],
+                         "round %d: worker 1 differs (%g, push/pull status %llu) from worker 2 "
+                         "(%g, status %llu); want %g; server: %llu steps closed, %llu by the "
+                         "deadline, %llu late pushes",
+                         r, (double)o[1].f[r], (unsigned long long)o[1].u[10 + r],
+                         (double)o[2].f[r], (unsigned long long)o[2].u[10 + r],
+                         rounds_want(j, r, late_in_round_2), (unsigned long long)o[0].u[0],
+                         (unsigned long long)o[0].u[1], (unsigned long long)o[0].u[2]);
+        }
         double want = rounds_want(j, r, late_in_round_2);
         cr_assert_float_eq(o[2].f[r], want, 1e-6, "round %d: %g, want %g", r, (double)o[2].f[r],
                            want);
@@ -1817,7 +1838,17 @@ static int rejoin_refusals_body(terse_comm *c, tr_out *o, const void *arg) {
         TR_CALL(o, terse__store_set(c->store, "replacement/done", "1", 2));
         return 0;
     }
-    if (rank == 2) raise(SIGKILL);
+    /* rank 2 dies only once the others' terse_comm_init returned: a death
+     * during a survivor's init fails that init (PEER_LOST), and a rank 1
+     * that exits without a goodbye is lost for good (seen 2 runs in 23) */
+    tr_out *all = o - rank; /* ranks.h's outputs are one shared array */
+    __atomic_store_n(&o->u[8], 1, __ATOMIC_RELEASE);
+    if (rank == 2) {
+        while (!__atomic_load_n(&all[0].u[8], __ATOMIC_ACQUIRE) ||
+               !__atomic_load_n(&all[1].u[8], __ATOMIC_ACQUIRE))
+            usleep(1000);
+        raise(SIGKILL);
+    }
     if (rank == 1) return 0;
     for (int i = 0; i < 2000; i++) { /* 20 s at most */
         const uint8_t *lost = NULL;
