@@ -136,6 +136,20 @@ static int sgd_ps(terse_comm *c, tr_out *o, const char *mode, terse_ps **ps) {
     return 0;
 }
 
+/* A victim must not die before every rank is out of terse_ps_create: it
+ * is collective, but a rank that finished it may race ahead (async steps
+ * wait for nobody; a quorum closes without the slowest) and its death
+ * then fails a slower rank's create with PEER_LOST instead of the failure
+ * under test (seen once in 6 runs of test_ps, async). u[90] of ranks.h's
+ * shared outputs says a rank's create returned. */
+#define CREATED 90
+static void say_created(tr_out *o) { __atomic_store_n(&o->u[CREATED], 1, __ATOMIC_RELEASE); }
+static void wait_all_created(terse_comm *c, tr_out *o) {
+    tr_out *all = o - terse_comm_rank(c); /* one shared array */
+    for (int r = 0; r < terse_comm_size(c); r++)
+        while (!__atomic_load_n(&all[r].u[CREATED], __ATOMIC_ACQUIRE)) usleep(1000);
+}
+
 /* 1 server, 3 workers, sync:quorum=2, the server holds parameters (sgd,
  * lr 0.5). */
 static int quorum_body(terse_comm *c, tr_out *o, const void *arg) {
@@ -147,6 +161,7 @@ static int quorum_body(terse_comm *c, tr_out *o, const void *arg) {
     TR_CALL(o, terse_ps_config_parse("sync:quorum=2", &cfg));
     terse_ps *ps = NULL;
     TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    say_created(o);
     TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
@@ -162,7 +177,10 @@ static int quorum_body(terse_comm *c, tr_out *o, const void *arg) {
     }
     float buf[QN];
     for (int t = 0; t < q->steps; t++) {
-        if (rank == q->victim && t == 1) raise(SIGKILL);
+        if (rank == q->victim && t == 1) {
+            wait_all_created(c, o);
+            raise(SIGKILL);
+        }
         if (rank == q->late && t == 0) usleep(1000000);
         for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, t, 0, i);
         terse_status s = terse_ps_pushpull(ps, 0, buf, NULL);
@@ -250,10 +268,12 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
     TR_CALL(o, terse_ps_config_parse(k->mode, &cfg));
     terse_ps *ps = NULL;
     TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    say_created(o);
     TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         if (rank == k->victim) {
+            wait_all_created(c, o);
             pthread_t t;
             pthread_create(&t, NULL, die_later, (void *)(uintptr_t)300000);
         }
@@ -266,7 +286,10 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
     float buf[QN];
     double t0 = tr_now_ms();
     for (int t = 0; t < k->steps; t++) {
-        if (rank == k->victim && t == 2) raise(SIGKILL);
+        if (rank == k->victim && t == 2) {
+            wait_all_created(c, o);
+            raise(SIGKILL);
+        }
         for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, t, 0, i);
         t0 = tr_now_ms();
         terse_status s = terse_ps_pushpull(ps, 0, buf, NULL);
