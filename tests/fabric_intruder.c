@@ -1,5 +1,5 @@
 /* fabric_intruder: a process that is not part of a terse job and attacks
- * one of its ranks over tcp;ofi_rxm, as any local process could. It opens
+ * one of its ranks over tcp;ofi_rxm or net, as any local process could. It opens
  * its own libfabric endpoint (plain libfabric, no terse), and sends tagged
  * messages to a rank's endpoint:
  *
@@ -14,8 +14,16 @@
  * address from its listening socket, so reporting the rank's port there
  * is all it takes (a raw socket speaking rxm's protocol could do the same).
  *
+ * With --count-refusals it also counts the connection requests the target
+ * refused: libfabric reports those only in its log, so the tool turns net's
+ * log on (FI_LOG_LEVEL=info, FI_LOG_PROV=net), sends it to a temporary
+ * file, and counts net's "Connection refused from remote" lines (net keeps
+ * reconnecting behind a refused connection, so its sends neither complete
+ * nor fail: the refusals are the only trace of what the target did).
+ *
  * Bounded: at most --count messages and --seconds of sending; it targets
- * only the address given. Prints one line: messages sent, bytes, seconds.
+ * only the address given. Prints one line: messages sent, bytes, seconds,
+ * connection requests refused.
  * Used by tests/test_intruder.c. */
 
 #include <arpa/inet.h>
@@ -38,6 +46,9 @@
 #include <rdma/fi_tagged.h>
 
 static int claim_port; /* 0: report the real port */
+/* where this tool's own messages go: stderr, or (--count-refusals, while
+ * libfabric's log fills stderr's file) a copy of the real stderr */
+static FILE *errf;
 
 /* Under AddressSanitizer (the CI's second run): libfabric 1.17's net
  * provider leaks its info copies at close, which is not this tool's to
@@ -83,6 +94,9 @@ static void usage(FILE *to) {
             "                   (default 0.5)\n"
             "  --conns K        open K-1 more endpoints first, each its own connection\n"
             "                   to the target, each sending one 64-byte message (default 1)\n"
+            "  --count-refusals count the connection requests the target refused, from\n"
+            "                   libfabric's log (net only; the log goes to a temporary\n"
+            "                   file, and this tool's own messages still reach stderr)\n"
             "  --help           this text\n");
 }
 
@@ -90,7 +104,7 @@ static void usage(FILE *to) {
     do {                                                                                 \
         int ret_ = (int)(call);                                                          \
         if (ret_) {                                                                      \
-            fprintf(stderr, "fabric_intruder: %s: %s\n", #call, fi_strerror(-ret_));     \
+            fprintf(errf, "fabric_intruder: %s: %s\n", #call, fi_strerror(-ret_));     \
             return 2;                                                                    \
         }                                                                                \
     } while (0)
@@ -105,7 +119,9 @@ int main(int argc, char **argv) {
         {"port", 1, 0, 'p'},  {"claim-port", 1, 0, 'c'}, {"count", 1, 0, 'n'},
         {"bytes", 1, 0, 'b'}, {"seconds", 1, 0, 's'},    {"tags", 1, 0, 't'},
         {"linger", 1, 0, 'l'}, {"conns", 1, 0, 'k'},      {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"count-refusals", 0, 0, 'r'}, {0, 0, 0, 0}};
+    int count_refusals = 0;
+    errf = stderr;
     for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (o) {
         case 'p': port = strtol(optarg, NULL, 10); break;
@@ -116,10 +132,11 @@ int main(int argc, char **argv) {
         case 'l': linger = strtod(optarg, NULL); break;
         case 'k': conns = strtol(optarg, NULL, 10); break;
         case 'P': prov = optarg; break;
+        case 'r': count_refusals = 1; break;
         case 't':
             if (strcmp(optarg, "low") == 0) low_tags = 1;
             else if (strcmp(optarg, "random") != 0) {
-                fprintf(stderr, "fabric_intruder: --tags is random or low, not %s\n", optarg);
+                fprintf(errf, "fabric_intruder: --tags is random or low, not %s\n", optarg);
                 return 2;
             }
             break;
@@ -131,6 +148,25 @@ int main(int argc, char **argv) {
         bytes < 0 || bytes > (1 << 24) || seconds < 0 || conns < 1 || conns > 10000) {
         usage(stderr);
         return 2;
+    }
+
+    if (count_refusals && strcmp(prov, "net") != 0) {
+        fprintf(errf, "fabric_intruder: --count-refusals reads net's log: --provider net\n");
+        return 2;
+    }
+    /* before libfabric reads its environment (at the first call) */
+    FILE *log = NULL;
+    int saved_err = -1;
+    if (count_refusals) {
+        setenv("FI_LOG_LEVEL", "info", 1);
+        setenv("FI_LOG_PROV", "net", 1);
+        fflush(stderr);
+        if (!(log = tmpfile()) || (saved_err = dup(2)) < 0 ||
+            !(errf = fdopen(dup(saved_err), "w")) || dup2(fileno(log), 2) < 0) {
+            fprintf(stderr, "fabric_intruder: cannot redirect libfabric's log\n");
+            return 2;
+        }
+        setvbuf(errf, NULL, _IONBF, 0);
     }
 
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
@@ -160,7 +196,7 @@ int main(int argc, char **argv) {
     inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
     fi_addr_t dest;
     if (fi_av_insert(av, &to, 1, &dest, 0, NULL) != 1) {
-        fprintf(stderr, "fabric_intruder: fi_av_insert failed\n");
+        fprintf(errf, "fabric_intruder: fi_av_insert failed\n");
         return 2;
     }
     char *buf = malloc((size_t)bytes + 1);
@@ -173,7 +209,7 @@ int main(int argc, char **argv) {
     for (long k = 1; k < conns; k++) {
         if (fi_endpoint(domain, info, &extra[k], NULL) || fi_ep_bind(extra[k], &av->fid, 0) ||
             fi_ep_bind(extra[k], &cq->fid, FI_TRANSMIT | FI_RECV) || fi_enable(extra[k])) {
-            fprintf(stderr, "fabric_intruder: endpoint %ld of %ld would not open\n", k, conns);
+            fprintf(errf, "fabric_intruder: endpoint %ld of %ld would not open\n", k, conns);
             extra[k] = NULL;
             break;
         }
@@ -200,7 +236,7 @@ int main(int argc, char **argv) {
             ssize_t r = fi_tsend(ep, buf, (size_t)bytes, NULL, dest, tag, NULL);
             if (r == -FI_EAGAIN) break;
             if (r) {
-                fprintf(stderr, "fabric_intruder: fi_tsend: %s\n", fi_strerror((int)-r));
+                fprintf(errf, "fabric_intruder: fi_tsend: %s\n", fi_strerror((int)-r));
                 goto out;
             }
             posted++;
@@ -220,9 +256,24 @@ out:;
         (void)fi_cq_read(cq, ent, 64);
         usleep(1000);
     }
+    /* stderr back: count net's refusals in libfabric's log, and pass on
+     * whatever else was written there that is not libfabric's */
+    long refusals = 0;
+    if (log) {
+        fflush(stderr);
+        dup2(saved_err, 2);
+        close(saved_err);
+        rewind(log);
+        char line[1024];
+        while (fgets(line, sizeof line, log)) {
+            if (strstr(line, "Connection refused from remote")) refusals++;
+            else if (strncmp(line, "libfabric:", 10) != 0) fputs(line, stderr);
+        }
+        fclose(log);
+    }
     printf("fabric_intruder: sent %ld messages of %ld bytes (%ld failed) in %.2f s over %ld "
-           "connections\n",
-           sent, bytes, failed, t, opened);
+           "connections (%ld connection requests refused)\n",
+           sent, bytes, failed, t, opened, refusals);
     fflush(stdout);
     for (long k = 1; extra && k < conns; k++)
         if (extra[k]) fi_close(&extra[k]->fid);
