@@ -136,18 +136,23 @@ static int sgd_ps(terse_comm *c, tr_out *o, const char *mode, terse_ps **ps) {
     return 0;
 }
 
-/* A victim must not die before every rank is out of terse_ps_create: it
- * is collective, but a rank that finished it may race ahead (async steps
- * wait for nobody; a quorum closes without the slowest) and its death
- * then fails a slower rank's create with PEER_LOST instead of the failure
- * under test (seen once in 6 runs of test_ps, async). u[90] of ranks.h's
- * shared outputs says a rank's create returned. */
-#define CREATED 90
-static void say_created(tr_out *o) { __atomic_store_n(&o->u[CREATED], 1, __ATOMIC_RELEASE); }
-static void wait_all_created(terse_comm *c, tr_out *o) {
+/* A victim must not die before every other rank is past the collective
+ * setup its test is not about: a rank that finished terse_comm_init or
+ * terse_ps_create may race ahead (async steps wait for nobody; a quorum
+ * closes without the slowest), and its death then fails a slower rank's
+ * setup with PEER_LOST instead of the failure under test (async: once in
+ * 6 runs of test_ps; a replacement test: 2 runs in 23). say_ready marks
+ * u[READY] of ranks.h's shared outputs; wait_all_ready waits for every
+ * rank's mark, or for that rank to have failed or finished. */
+#define READY 90
+static void say_ready(tr_out *o) { __atomic_store_n(&o->u[READY], 1, __ATOMIC_RELEASE); }
+static void wait_all_ready(terse_comm *c, tr_out *o) {
     tr_out *all = o - terse_comm_rank(c); /* one shared array */
     for (int r = 0; r < terse_comm_size(c); r++)
-        while (!__atomic_load_n(&all[r].u[CREATED], __ATOMIC_ACQUIRE)) usleep(1000);
+        while (!__atomic_load_n(&all[r].u[READY], __ATOMIC_ACQUIRE) &&
+               !__atomic_load_n(&all[r].status, __ATOMIC_ACQUIRE) &&
+               !__atomic_load_n(&all[r].finished, __ATOMIC_ACQUIRE))
+            usleep(1000);
 }
 
 /* 1 server, 3 workers, sync:quorum=2, the server holds parameters (sgd,
@@ -161,7 +166,7 @@ static int quorum_body(terse_comm *c, tr_out *o, const void *arg) {
     TR_CALL(o, terse_ps_config_parse("sync:quorum=2", &cfg));
     terse_ps *ps = NULL;
     TR_CALL(o, terse_ps_create(c, &cfg, &ps));
-    say_created(o);
+    say_ready(o);
     TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
@@ -178,7 +183,7 @@ static int quorum_body(terse_comm *c, tr_out *o, const void *arg) {
     float buf[QN];
     for (int t = 0; t < q->steps; t++) {
         if (rank == q->victim && t == 1) {
-            wait_all_created(c, o);
+            wait_all_ready(c, o);
             raise(SIGKILL);
         }
         if (rank == q->late && t == 0) usleep(1000000);
@@ -268,12 +273,12 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
     TR_CALL(o, terse_ps_config_parse(k->mode, &cfg));
     terse_ps *ps = NULL;
     TR_CALL(o, terse_ps_create(c, &cfg, &ps));
-    say_created(o);
+    say_ready(o);
     TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
         if (rank == k->victim) {
-            wait_all_created(c, o);
+            wait_all_ready(c, o);
             pthread_t t;
             pthread_create(&t, NULL, die_later, (void *)(uintptr_t)300000);
         }
@@ -287,7 +292,7 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
     double t0 = tr_now_ms();
     for (int t = 0; t < k->steps; t++) {
         if (rank == k->victim && t == 2) {
-            wait_all_created(c, o);
+            wait_all_ready(c, o);
             raise(SIGKILL);
         }
         for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, t, 0, i);
@@ -1861,15 +1866,11 @@ static int rejoin_refusals_body(terse_comm *c, tr_out *o, const void *arg) {
         TR_CALL(o, terse__store_set(c->store, "replacement/done", "1", 2));
         return 0;
     }
-    /* rank 2 dies only once the others' terse_comm_init returned: a death
-     * during a survivor's init fails that init (PEER_LOST), and a rank 1
-     * that exits without a goodbye is lost for good (seen 2 runs in 23) */
-    tr_out *all = o - rank; /* ranks.h's outputs are one shared array */
-    __atomic_store_n(&o->u[8], 1, __ATOMIC_RELEASE);
+    /* rank 2 dies once the others' terse_comm_init returned (a rank 1
+     * whose init failed would exit without a goodbye, lost for good) */
+    say_ready(o);
     if (rank == 2) {
-        while (!__atomic_load_n(&all[0].u[8], __ATOMIC_ACQUIRE) ||
-               !__atomic_load_n(&all[1].u[8], __ATOMIC_ACQUIRE))
-            usleep(1000);
+        wait_all_ready(c, o);
         raise(SIGKILL);
     }
     if (rank == 1) return 0;
