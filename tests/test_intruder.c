@@ -8,10 +8,12 @@
  *    them: 70,000 grew a rank by 1.1 GB, and the queue's length starved
  *    the rank until its peer timed out). Every allreduce during the flood
  *    must give the right sum.
- *  - impersonate: the intruder claims rank 1's port, so rank 0's provider
- *    (net and rxm alike) takes its messages for rank 1's and drops rank 1's
- *    connection. Every call gives the right sum or a specific error naming
- *    rank 1; never TERSE_OK with the intruder's values.
+ *  - impersonate: the intruder claims rank 1's port. rxm, and net on a rank
+ *    that opened its connection to rank 1, take its messages for rank 1's
+ *    and drop rank 1's connection; net on a rank that accepted it refuses
+ *    the claim (see impersonate()). Every call gives the right sum or a
+ *    specific error naming rank 1; never TERSE_OK with the intruder's
+ *    values.
  *
  * Bounded in count and time; the intruder targets only this test's rank. */
 #include <fcntl.h>
@@ -238,8 +240,9 @@ static void expect_no_sum_of_the_intruders(const tr_out *o) {
  *   rank itself, replace that connection with the claimant's; the real
  *   rank reconnects and replaces it back, and the claimant's sends fail;
  * - net on a rank that accepted the claimed rank's connection refuses
- *   every claim (it never learnt that peer's process id, which is what
- *   it compares), and the claimant's net silently reconnects, so its
+ *   every claim, as a rule (the process id it compares is overwritten by
+ *   one read from an event that carries none, which was 0 whenever a claim was refused), and
+ *   the claimant's net silently reconnects, so its
  *   sends neither complete nor fail: the intruder counts the refusals in
  *   libfabric's log (--count-refusals).
  * Which side opened the connection is a race, so a run sees either. */

@@ -148,10 +148,11 @@ static int sgd_ps(terse_comm *c, tr_out *o, const char *mode, terse_ps **ps) {
 static void say_ready(tr_out *o) { __atomic_store_n(&o->u[READY], 1, __ATOMIC_RELEASE); }
 static void wait_all_ready(terse_comm *c, tr_out *o) {
     tr_out *all = o - terse_comm_rank(c); /* one shared array */
+    const double until = tr_now_ms() + 30000; /* a rank that crashed marks nothing */
     for (int r = 0; r < terse_comm_size(c); r++)
         while (!__atomic_load_n(&all[r].u[READY], __ATOMIC_ACQUIRE) &&
                !__atomic_load_n(&all[r].status, __ATOMIC_ACQUIRE) &&
-               !__atomic_load_n(&all[r].finished, __ATOMIC_ACQUIRE))
+               !__atomic_load_n(&all[r].finished, __ATOMIC_ACQUIRE) && tr_now_ms() < until)
             usleep(1000);
 }
 
@@ -1370,6 +1371,7 @@ static int stopped_body(terse_comm *c, tr_out *o, const void *arg) {
     terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
     terse_ps *ps = NULL;
     TR_CALL(o, terse_ps_create(c, &cfg, &ps));
+    say_ready(o);
     TR_CALL(o, terse_ps_declare(ps, 0, QN, NULL, NULL, NULL));
     int rank = terse_comm_rank(c);
     if (terse_ps_is_server(ps)) {
@@ -1381,6 +1383,7 @@ static int stopped_body(terse_comm *c, tr_out *o, const void *arg) {
     float buf[QN];
     for (size_t i = 0; i < QN; i++) buf[i] = grad(rank, 0, 0, i);
     if (rank == 2) {
+        wait_all_ready(c, o); /* a stop inside another's create would time it out */
         all[2].u[9] = (uint64_t)getpid();
         __atomic_store_n(&all[2].u[8], 1, __ATOMIC_RELEASE);
         raise(SIGSTOP);
