@@ -45,6 +45,17 @@
 #define NAP_AFTER_NS 10000000u
 #define NAP_NS 20000
 #define ALIVE_PERIOD_NS 1000000u
+
+/* One idle round of a progress loop that saw no event for quiet_ns: nap
+ * once that reaches nap_after_ns, else yield after `spins` idle rounds. */
+static void back_off(uint64_t quiet_ns, uint64_t nap_after_ns, unsigned *idle, unsigned spins) {
+    if (quiet_ns >= nap_after_ns) {
+        struct timespec nap = {0, NAP_NS};
+        nanosleep(&nap, NULL);
+    } else if (++*idle >= spins) {
+        sched_yield();
+    }
+}
 /* Largest message injected with its MAC (copied to the stack). */
 #define INJECT_STAGE 256
 
@@ -1201,12 +1212,8 @@ terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, si
             if (st != TERSE_OK) return fail(f, st);
         }
         if (events) continue;
-        if (now - last_event >= (o->nap_after_ns ? o->nap_after_ns : NAP_AFTER_NS)) {
-            struct timespec nap = {0, NAP_NS};
-            nanosleep(&nap, NULL);
-        } else if (++idle >= IDLE_SPINS) {
-            sched_yield();
-        }
+        back_off(now - last_event, o->nap_after_ns ? o->nap_after_ns : NAP_AFTER_NS, &idle,
+                 IDLE_SPINS);
     }
 }
 
@@ -1305,6 +1312,7 @@ void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns,
     if (!f->flush_ctx || !f->flush_state) return; /* closed unflushed, as before */
     const uint64_t start = terse__now_ns(), until = start + budget_ns;
     uint64_t last_look = 0, last_event = start;
+    unsigned idle = 0;
     for (;;) {
         int left = 0, first = -1; /* peers not flushed yet; the first of them */
         uint64_t now = terse__now_ns();
@@ -1340,14 +1348,9 @@ void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns,
         if (!left || now >= until) return;
         size_t ev = 0;
         if (read_cq(f, &ev) != TERSE_OK) return;
-        if (ev) {
-            last_event = now;
-        } else if (now - last_event >= 200000u) { /* a peer busy elsewhere: leave it the core */
-            struct timespec nap = {0, NAP_NS};
-            nanosleep(&nap, NULL);
-        } else {
-            sched_yield();
-        }
+        /* after 200 us without news a peer is busy elsewhere: leave it the core */
+        if (ev) last_event = now;
+        else back_off(now - last_event, 200000u, &idle, 0);
     }
 }
 
