@@ -53,10 +53,11 @@ static double rss_mb(void) {
 }
 
 /* u[0]: first failing status; u[1]: OK calls with a wrong sum; u[2]: calls;
- * u[3]: intruder exit status ok; u[4]: messages it sent; u[6]: its sends refused;
- * u[7]: connections it opened; u[5]: dropped
- * from addresses that are not ranks; u[10]: port; val[0], val[1]: RSS
- * before and at most during the attack (MB). */
+ * u[3]: intruder exit status ok; u[4]: messages it sent; u[5]: dropped
+ * from addresses that are not ranks; u[6]: its sends refused; u[7]:
+ * connections it opened; u[8]: its connection requests refused (net,
+ * impersonating); u[10]: port; val[0], val[1]: RSS before and at most
+ * during the attack (MB). */
 static int attack_body(terse_comm *c, tr_out *o, const void *arg) {
     const attack *a = arg;
     const int r = terse_comm_rank(c);
@@ -130,11 +131,11 @@ static int attack_body(terse_comm *c, tr_out *o, const void *arg) {
                 sent = refused = conns = cm_refused = 0;
             fclose(f);
         }
-        o->u[6] = (uint64_t)refused;
-        o->u[8] = (uint64_t)cm_refused;
-        o->u[7] = (uint64_t)conns;
-            unlink(out);
+        unlink(out);
         o->u[4] = (uint64_t)sent;
+        o->u[6] = (uint64_t)refused;
+        o->u[7] = (uint64_t)conns;
+        o->u[8] = (uint64_t)cm_refused;
     }
     terse_comm_stats st = TERSE_COMM_STATS_INIT;
     if (terse_comm_get_stats(c, &st) == TERSE_OK) o->u[5] = st.stranger_drops;
@@ -241,10 +242,10 @@ static void expect_no_sum_of_the_intruders(const tr_out *o) {
  *   rank reconnects and replaces it back, and the claimant's sends fail;
  * - net on a rank that accepted the claimed rank's connection refuses
  *   every claim, as a rule (the process id it compares is overwritten by
- *   one read from an event that carries none, which was 0 whenever a claim was refused), and
- *   the claimant's net silently reconnects, so its
- *   sends neither complete nor fail: the intruder counts the refusals in
- *   libfabric's log (--count-refusals).
+ *   one read from an event that carries none, which was 0 whenever a
+ *   claim was refused), and the claimant's net silently reconnects, so
+ *   its sends neither complete nor fail: the intruder counts the refusals
+ *   in libfabric's log (--count-refusals).
  * Which side opened the connection is a race, so a run sees either. */
 static void impersonate(const char *provider, const char *intruder_provider) {
     unsetenv("TERSE_WIRE");
