@@ -267,7 +267,7 @@ terse_status terse__codec_encode_segments(terse_codec *c, const float *x, uint8_
             st = terse_decode(child, m, len[s], c->residual + g->off[s], -1.0f, 1);
     }
     /* On failure e is left part-way; the collective puts back its
-     * snapshot (algos/allreduce.c), as for every state it touches. */
+     * snapshot (algos/coll/allreduce.c), as for every state it touches. */
     return st;
 }
 

@@ -37,9 +37,12 @@ terse_status terse_codec_create(const char *spec_text, size_t rows, size_t cols,
     terse_status s;
     terse_codec *c = calloc(1, sizeof *c);
     if (!c) return TERSE_ERROR(TERSE_ERR_NOMEM, "allocating a codec");
-    if (terse__registry_find(spec.name, &c->ops) != TERSE_OK)
-        TERSE_FAIL_GOTO(s, fail, TERSE_ERR_INVALID, "unknown codec '%s' in spec '%s'", spec.name,
-                        spec_text);
+    if (terse__registry_find(spec.name, &c->ops) != TERSE_OK) {
+        char known[512];
+        terse__registry_names(known, sizeof known);
+        TERSE_FAIL_GOTO(s, fail, TERSE_ERR_INVALID, "unknown codec '%s' in spec '%s' (known: %s)",
+                        spec.name, spec_text, known);
+    }
     c->rows = rows;
     c->cols = cols;
     c->n = rows * cols;

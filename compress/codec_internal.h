@@ -31,6 +31,10 @@ void terse__codec_free_segments(terse_codec *c);
 
 /* Look a codec up by name; copies its table into *ops. */
 terse_status terse__registry_find(const char *name, terse_codec_ops *ops);
+/* The registered names, comma separated, for error messages. */
+void terse__registry_names(char *buf, size_t size);
+/* The name registered for a codec id, or "unregistered". */
+const char *terse__registry_name_of(uint32_t id);
 
 /* The built-in codecs, one file each under compress/. */
 extern const terse_codec_ops terse__codec_none;

@@ -16,7 +16,18 @@
  * already carries the rounding error to the next step, where stochastic
  * rounding only adds noise (4 points of accuracy on a Fashion-MNIST MLP,
  * squant.h). So round defaults to nearest with ef=1 and to stochastic
- * without, like lsq; the message format is the same either way. */
+ * without, like lsq; the message format is the same either way.
+ *
+ * norm=max scales each bucket by its largest magnitude instead of its L2
+ * norm. Nearest rounding against the L2 norm sends nothing of a flat
+ * bucket, ever: each element is norm/sqrt(bucket), L/sqrt(bucket) of a
+ * level (0.31 at 4 bits, 512 elements), which rounds to 0 -- and error
+ * feedback cannot help, since the residual stays flat and the ratio stays
+ * the same (a constant gradient left the parameters at 0 while the
+ * residual grew 1, 2, 3, ...). Against the largest magnitude the largest
+ * element is always a whole level. So norm defaults to max with nearest
+ * rounding and to l2 (QSGD's) with stochastic rounding, whose draws are
+ * unbiased either way; the message format is the same (the scale field). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -35,12 +46,15 @@ static terse_status qsgd_create(terse_spec *spec, size_t rows, size_t cols, void
     TERSE_CHECK(terse_spec_get_u64(spec, "lsq", ef ? 1 : 0, 0, 1, &lsq));
     TERSE_CHECK(
         terse__spec_get_choice(spec, "round", ef ? 1 : 0, terse__squant_rounding, &nearest));
+    static const char *const norms[] = {"l2", "max", NULL};
+    unsigned norm;
+    TERSE_CHECK(terse__spec_get_choice(spec, "norm", nearest ? 1 : 0, norms, &norm));
     terse__squant *q = malloc(sizeof *q);
     if (!q) return TERSE_ERROR(TERSE_ERR_NOMEM, "allocating codec 'qsgd'");
-    terse__squant_init(q, "qsgd", rows * cols, (size_t)bucket, (unsigned)bits, TERSE_SQUANT_NORM2,
-                       (int)lsq, (int)nearest);
-    snprintf(canon, canon_cap, "bits=%u,bucket=%zu,lsq=%d,round=%s", q->bits, q->bucket, q->lsq,
-             terse__squant_rounding[q->nearest]);
+    terse__squant_init(q, "qsgd", rows * cols, (size_t)bucket, (unsigned)bits,
+                       norm ? TERSE_SQUANT_ABSMAX : TERSE_SQUANT_NORM2, (int)lsq, (int)nearest);
+    snprintf(canon, canon_cap, "bits=%u,bucket=%zu,lsq=%d,round=%s,norm=%s", q->bits, q->bucket,
+             q->lsq, terse__squant_rounding[q->nearest], norms[norm]);
     *self = q;
     return TERSE_OK;
 }

@@ -130,3 +130,35 @@ const char *terse_codec_name(size_t i) {
     pthread_mutex_unlock(&lock);
     return name;
 }
+
+/* "none, fp16, ..." into buf (cut short with "..." if it does not fit). */
+void terse__registry_names(char *buf, size_t size) {
+    pthread_once(&builtins_once, register_builtins);
+    if (!size) return;
+    buf[0] = 0;
+    size_t at = 0;
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < ntable; i++) {
+        size_t len = strlen(table[i].name), sep = i ? 2 : 0;
+        if (at + sep + len + 4 >= size) {
+            memcpy(buf + at, "...", 4);
+            break;
+        }
+        if (sep) memcpy(buf + at, ", ", 2);
+        memcpy(buf + at + sep, table[i].name, len + 1);
+        at += sep + len;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* The registered name of codec id, or "unregistered". Names live as long
+ * as the process (the table never shrinks). */
+const char *terse__registry_name_of(uint32_t id) {
+    pthread_once(&builtins_once, register_builtins);
+    const char *name = "unregistered";
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < ntable; i++)
+        if (table[i].id == id) name = table[i].name;
+    pthread_mutex_unlock(&lock);
+    return name;
+}

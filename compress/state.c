@@ -85,8 +85,8 @@ terse_status terse_codec_state_load(terse_codec *c, const void *src, size_t len)
     uint64_t n = terse__get_u64(p + 16), seed = terse__get_u64(p + 24);
     uint64_t ps = terse__get_u64(p + 56);
     if (id != c->ops.id)
-        return TERSE_ERROR(TERSE_ERR_CODEC_MISMATCH, "state is of codec id %u, this codec is '%s' (%u)",
-                           id, c->ops.name, c->ops.id);
+        return TERSE_ERROR(TERSE_ERR_CODEC_MISMATCH, "state is of codec '%s' (id %u), this codec is '%s' (%u)",
+                           terse__registry_name_of(id), id, c->ops.name, c->ops.id);
     uint64_t rows = terse__get_u64(p + 64);
     if (n != c->n || rows != c->rows)
         return TERSE_ERROR(TERSE_ERR_SHAPE,

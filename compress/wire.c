@@ -3,6 +3,7 @@
 #include "common/bytes.h"
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "compress/codec_internal.h"
 
 void terse__wire_seal(uint8_t *msg, uint32_t codec_id, uint64_t count, uint64_t payload_len) {
     terse__put_u32(msg, TERSE_WIRE_MAGIC);
@@ -46,7 +47,9 @@ terse_status terse__wire_open(const uint8_t *msg, size_t len, uint32_t want_id,
     uint64_t plen = terse__get_u64(msg + 16);
     if (want_id && id != want_id)
         return TERSE_ERROR(TERSE_ERR_CODEC_MISMATCH,
-                           "message codec id %u at byte 6, but this codec has id %u", id, want_id);
+                           "message codec id %u ('%s') at byte 6, but this codec is '%s' (id %u)",
+                           id, terse__registry_name_of(id), terse__registry_name_of(want_id),
+                           want_id);
     if (want_count && count != want_count)
         return TERSE_ERROR(TERSE_ERR_SHAPE,
                            "message holds %llu elements (byte 8), but the codec is bound to %llu",

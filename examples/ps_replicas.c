@@ -5,13 +5,17 @@
  * pulled last. Run it under terse-run, naming the servers that may be
  * replaced (never rank 0, which holds the store):
  *
- *   terse-run -n 5 --replace 1 ps_replicas --servers 2 --steps 400
+ *   terse-run -n 5 --provider tcp --replace 1 ps_replicas --steps 1000 --die-after-ms 500
  *
- * and kill rank 1 while it runs: its slot moves to its replica, terse-run
- * starts a replacement (TERSE_REJOIN=1), which takes the slot back, and
- * the checksums are those of a run without the kill. */
-#define _POSIX_C_SOURCE 200809L /* nanosleep */
+ * Rank 1 SIGKILLs itself half a second into serving (or kill it yourself
+ * while it runs): its slot moves to its replica, terse-run starts a
+ * replacement (TERSE_REJOIN=1), which takes the slot back, and the
+ * checksums are those of a run without the kill. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, sigaction, setitimer */
 #include <math.h>
+#include <signal.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,13 +26,31 @@
 
 static void usage(FILE *f, const char *me) {
     fprintf(f,
-            "usage: %s [--servers S] [--steps T] [--floats N] [--nap-ms M]\n"
+            "usage: %s [--servers S] [--steps T] [--floats N] [--nap-ms M] [--die-after-ms D]\n"
             "A sync parameter server with replicas 2 (ranks 0..S-1 serve, S >= 2; the\n"
             "others are workers), T steps over N floats, M ms between steps. Each worker\n"
             "prints 'rank R: checksum H' at the end. Run under terse-run; a server rank\n"
             "given to terse-run --replace comes back as a replacement if it dies.\n"
-            "defaults: --servers 2 --steps 200 --floats 100000 --nap-ms 2\n",
+            "--die-after-ms D: server rank 1 SIGKILLs itself D ms after it starts serving\n"
+            "(a crash to recover from; its replacement does not).\n"
+            "defaults: --servers 2 --steps 200 --floats 100000 --nap-ms 2 (no death)\n",
             me);
+}
+
+static void die(int sig) {
+    (void)sig;
+    kill(getpid(), SIGKILL); /* async-signal-safe: a crash, no exit handlers */
+}
+
+/* Rank 1's crash, D ms from now, unless it is a replacement. */
+static void die_after(long ms) {
+    if (ms <= 0 || getenv("TERSE_REJOIN")) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = die;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 0}, {ms / 1000, (ms % 1000) * 1000}};
+    setitimer(ITIMER_REAL, &it, NULL);
 }
 
 static int fail(const char *what, terse_status s) {
@@ -37,12 +59,13 @@ static int fail(const char *what, terse_status s) {
 }
 
 int main(int argc, char **argv) {
-    long servers = 2, steps = 200, n = 100000, nap_ms = 2;
+    long servers = 2, steps = 200, n = 100000, nap_ms = 2, die_ms = 0;
     for (int i = 1; i < argc; i += 2) { /* option, value */
         long *v = !strcmp(argv[i], "--servers")  ? &servers
                   : !strcmp(argv[i], "--steps")  ? &steps
                   : !strcmp(argv[i], "--floats") ? &n
                   : !strcmp(argv[i], "--nap-ms") ? &nap_ms
+                  : !strcmp(argv[i], "--die-after-ms") ? &die_ms
                                                  : NULL;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout, argv[0]);
@@ -72,6 +95,7 @@ int main(int argc, char **argv) {
         rc = fail("terse_ps_create / terse_ps_declare", s);
     } else if (terse_ps_is_server(ps)) {
         fprintf(stderr, "ps_replicas: rank %d ready (serving)\n", terse_comm_rank(c));
+        if (terse_comm_rank(c) == 1) die_after(die_ms);
         if ((s = terse_ps_serve(ps)) != TERSE_OK) rc = fail("terse_ps_serve", s);
     } else {
         int rank = terse_comm_rank(c);

@@ -152,7 +152,7 @@ TERSE_API const char *terse_last_error(void);
  *                         default 512. 8 + 32/B bits. |error| <= s/2
  *                         (up to fp32 rounding). A bucket holding Inf or
  *                         NaN decodes to all NaN.
- *   qsgd:bits=b,bucket=B,lsq=0|1,round=stochastic|nearest
+ *   qsgd:bits=b,bucket=B,lsq=0|1,round=stochastic|nearest,norm=l2|max
  *                         QSGD. Per bucket: norm ||x||_2 (fp32); each
  *                         element is stochastically rounded to one of 2^b - 1
  *                         symmetric levels {-L..L}/L * norm, L = 2^(b-1)-1,
@@ -180,7 +180,17 @@ TERSE_API const char *terse_last_error(void);
  *                         on a Fashion-MNIST MLP at 4 bits, bucket 512,
  *                         seeds 1-2; docs/training.md). Default:
  *                         stochastic, or nearest when ef=1. Format
- *                         unchanged. b in [2, 8] (default 4), B in [8,
+ *                         unchanged.
+ *                         norm=max scales by max|x| instead of ||x||_2
+ *                         (the levels are {-L..L}/L * max|x|). Nearest
+ *                         rounding against the L2 norm never sends a flat
+ *                         bucket (each element is 1/sqrt(B) of the norm,
+ *                         under half a level unless L > sqrt(B)/2), and
+ *                         error feedback cannot fix that (the residual
+ *                         stays flat); against max|x| the largest element
+ *                         is always a whole level. Default: l2, or max
+ *                         when round=nearest. Format unchanged.
+ *                         b in [2, 8] (default 4), B in [8,
  *                         2^24] (default 512). A bucket holding Inf or NaN,
  *                         or whose norm overflows fp32, decodes to NaN
  *                         throughout; other buckets are unaffected.
@@ -292,7 +302,7 @@ TERSE_API size_t terse_codec_bound(const terse_codec *codec);
 TERSE_API size_t terse_codec_elements(const terse_codec *codec);
 
 /* The canonical spec of the codec, every option spelled out (e.g.
- * "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,ef=0,seed=0"). Owned by
+ * "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,norm=l2,ef=0,seed=0"). Owned by
  * the codec. */
 TERSE_API const char *terse_codec_spec(const terse_codec *codec);
 
@@ -455,6 +465,21 @@ TERSE_API terse_status terse_wire_inspect(const void *src, size_t len,
  * timeout_ms, so a long transfer that keeps moving never times out. After
  * any error the communicator can only be freed.
  *
+ * Arguments that differ between ranks: every collective first tells the
+ * next rank its kind, element (or byte) count, op (or root) and codec name
+ * in a 64-byte call descriptor (counted in control_bytes of
+ * terse_comm_stats). A rank whose neighbour passed something else fails at
+ * once with TERSE_ERR_SHAPE (sizes), TERSE_ERR_CODEC_MISMATCH (codecs) or
+ * TERSE_ERR_INVALID (op, root, or another collective), naming both values
+ * and the rank, and tells the other ranks through the bootstrap store, so
+ * they fail with the same sentence instead of waiting out their timeout.
+ * A broadcast's root may return TERSE_OK before anyone found it (it only
+ * sends, and its buffer is its own). Over shm the data waits for the
+ * previous rank's descriptor (one hop of latency; libfabric 1.17's shm
+ * spins when a longer message than was posted arrives); elsewhere the
+ * descriptor travels beside the data. Options of the same codec (bucket,
+ * bits) are not compared: the data path finds those (TERSE_ERR_CORRUPT).
+ *
  * Threading: start calls (blocking or _start), terse_group_start/_end and
  * terse_comm_free come from one thread at a time (any thread, one after the
  * other). terse_request_test, _wait and _free may be called from different
@@ -528,6 +553,25 @@ typedef struct terse_comm terse_comm;
  * init compares them across ranks and fails on every rank, naming the
  * variable and both values, when any two differ. Byte counts take k, m, g
  * suffixes (powers of 1024).
+ *   TERSE_HOST              this rank's host, for grouping ranks by host
+ *                           (see terse_comm_topology); default: the host
+ *                           identity.
+ *   TERSE_TOPOLOGY          auto (default) | flat | hier: auto and hier route
+ *                           per peer (shm inside a host, the network
+ *                           between hosts) when there are several hosts,
+ *                           and run the hierarchical dense all-reduce
+ *                           (auto: above TERSE_RD_MAX_BYTES; hier: at any
+ *                           size); flat keeps one provider for every pair
+ *                           and the flat algorithms (see
+ *                           terse_comm_topology). Compared at init.
+ *   TERSE_CHECK_CALLS       on (default) | off: off sends no call
+ *                           descriptors (see "Arguments that differ
+ *                           between ranks" above), saving one small message
+ *                           each way per collective -- measurable only on
+ *                           small calls (docs/collectives.md gives the
+ *                           figures) -- at the price of a mismatch showing
+ *                           up as a timeout, a MAC failure or corrupt data.
+ *                           Compared at init.
  *   TERSE_IFACE             network interface (tcp) or device (verbs, efa)
  *                           to use; default: loopback when all ranks share
  *                           a host, else libfabric's first choice.
@@ -636,8 +680,55 @@ TERSE_API void terse_comm_free(terse_comm *comm);
 TERSE_API int terse_comm_rank(const terse_comm *comm);
 TERSE_API int terse_comm_size(const terse_comm *comm);
 /* The libfabric provider in use, e.g. "net" (for "tcp"), "tcp;ofi_rxm" (for
- * "rxm") or "shm". */
+ * "rxm") or "shm"; "shm+net" etc. when peers are routed per host (see
+ * terse_comm_topology). */
 TERSE_API const char *terse_comm_provider(const terse_comm *comm);
+
+/* Hosts. At init every rank learns its host -- TERSE_HOST when set (1 to
+ * 127 printable characters; containers, tests, network namespaces on one
+ * machine), else its host identity: boot id, network and PID namespaces,
+ * the /dev/shm mount and the host name -- and the ranks are grouped
+ * through the store (hosts may hold different numbers of ranks). Hosts
+ * are numbered by their lowest rank; a rank's local rank is its position
+ * among its host's ranks in rank order. Init fails with TERSE_ERR_INVALID
+ * and a sentence, on every rank alike, when
+ *   - ranks share a TERSE_HOST value but could not share memory (different
+ *     boot id, PID namespace or /dev/shm), or a TERSE_HOST is malformed;
+ *   - a launcher's local variables contradict the grouping: TERSE_LOCAL_RANK
+ *     / TERSE_LOCAL_SIZE (terse-run), LOCAL_RANK / LOCAL_WORLD_SIZE
+ *     (torchrun), OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE (Open MPI),
+ *     SLURM_LOCALID (Slurm). Each is checked only when the same launcher's
+ *     rank and size variables (TERSE_RANK / TERSE_SIZE, RANK / WORLD_SIZE,
+ *     OMPI_COMM_WORLD_RANK / _SIZE, SLURM_PROCID / SLURM_NTASKS) name this
+ *     very rank and size: left over from an outer job, they are ignored.
+ * With one host nothing changes: provider "auto" picks shm as before.
+ * With several hosts the provider (TERSE_PROVIDER: tcp, rxm, verbs, efa,
+ * auto -- auto never picks shm then) carries the pairs on different hosts,
+ * and a rank whose host holds other ranks also opens an shm endpoint for
+ * them: messages are routed per peer, both completion queues are driven by
+ * the one progress loop, and terse_comm_provider says "shm+net" (etc.).
+ * Failure detection, timeouts and abort hold on both; TERSE_WIRE auto puts
+ * MACs on the network side only (mac or encrypt: on both). A lost rank's
+ * replacement (rejoin) opens no shm endpoint: the others reach it through
+ * the network from then on. TERSE_TOPOLOGY=flat keeps one provider for
+ * every pair (the behaviour before 0.4). When every rank is in one network
+ * namespace (TERSE_HOST on one machine), tcp uses loopback.
+ * Collectives: with several hosts of equal size, the dense all-reduce
+ * above TERSE_RD_MAX_BYTES (at any size with TERSE_TOPOLOGY=hier) is
+ * hierarchical -- reduce-scatter inside each host, the shards summed
+ * across hosts (one rail per local rank, all at once), all-gather inside
+ * each host; terse_allreduce_algorithm says "dense-hier" -- and so are the
+ * dense sums inside codecs with rounds (powersgd) or a summable view
+ * (randk). Every rank still ends with the same bits (not the flat ring's:
+ * another summation order). Other codecs, broadcast, all-gather, barrier,
+ * the parameter server and hosts of unequal size run their flat
+ * algorithms over the routed pairs. terse_comm_topology gives this rank's host index, local
+ * rank, local size and the number of hosts (any pointer may be NULL; a
+ * single rank is host 0 of 1, local rank 0 of 1). terse_comm_host_of gives
+ * any rank's host index (-1 for a rank out of range). (Added in 0.4.) */
+TERSE_API terse_status terse_comm_topology(const terse_comm *comm, int *host_index,
+                                           int *local_rank, int *local_size, int *nhosts);
+TERSE_API int terse_comm_host_of(const terse_comm *comm, int rank);
 
 typedef enum terse_op {
     TERSE_OP_SUM = 0, /* buf = sum over ranks */
@@ -682,7 +773,8 @@ TERSE_API terse_status terse_allreduce(terse_comm *comm, float *buf, size_t n,
 /*
  * The algorithm terse_allreduce runs for n floats with this codec (NULL:
  * dense) on this communicator, for logs and benchmarks: "dense-rd"
- * (recursive doubling), "dense-ring", "rounds", "summable", "gather",
+ * (recursive doubling), "dense-ring", "dense-hier" (hierarchical:
+ * terse_comm_topology), "rounds", "summable", "gather",
  * "gather-pipe" (the all-gather, pipelined in pieces), "rs"
  * (the compressed reduce-scatter), "local" (one rank, dense), or "invalid"
  * for a NULL communicator. Thread-safe; no communication.
@@ -731,6 +823,11 @@ TERSE_API terse_status terse_barrier(terse_comm *comm);
  *     another, whose codec moved on; after a failure, reload every rank's
  *     codec state from one common checkpoint before training on. (randk's
  *     stream is checked across ranks at every call; PowerSGD's Q is not.)
+ *     One exception: on shm, when the engine's watchdog gave up on a
+ *     transport stuck on a dead peer's lock (TERSE_ERR_TIMEOUT, "spun
+ *     inside" in the sentence; TERSE_SHM_RESCUE), the thread that holds the
+ *     codec never returns to restore it, so the codec is as that thread
+ *     left it: free the communicator and reload the codec state.
  *   - Requests still in flight when the communicator fails complete with
  *     the first failure's status; requests started after it fail at start.
  */
@@ -809,9 +906,18 @@ typedef struct terse_comm_stats {
                                     that is no rank of this job (TERSE_SWEEP
                                     on rxm, which would otherwise queue them
                                     forever) */
+    uint64_t control_bytes_sent; /* call descriptors, not in wire_bytes: every
+                                    collective tells the next rank its kind,
+                                    size, op or root and codec in a 64-byte
+                                    message, so ranks that passed different
+                                    arguments fail at once (TERSE_ERR_SHAPE,
+                                    _CODEC_MISMATCH or _INVALID naming both
+                                    values and the rank; the others hear it
+                                    through the store) */
+    uint64_t control_bytes_recv;
 } terse_comm_stats;
 
-#define TERSE_COMM_STATS_INIT {sizeof(terse_comm_stats), 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0}
+#define TERSE_COMM_STATS_INIT {sizeof(terse_comm_stats), 0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0}
 
 TERSE_API terse_status terse_comm_get_stats(const terse_comm *comm, terse_comm_stats *stats);
 TERSE_API void terse_comm_reset_stats(terse_comm *comm);
@@ -822,7 +928,8 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
 
 /*
  * Roles. Ranks [0, num_servers) are servers, the others workers (a rank
- * is one or the other; see docs/ps.md for why not both). Every rank calls
+ * is one or the other; see docs/ps.md), unless colocate = 1 (Colocated
+ * servers below: every rank both). Every rank calls
  * terse_ps_create with the same config (checked: a difference fails with
  * TERSE_ERR_INVALID naming the rank and field), then terse_ps_declare for
  * the same keys in the same order with the same arguments. Servers then
@@ -884,12 +991,70 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  *                    updates the shard took since that worker's last pull;
  *   "async:max_staleness=S,lr_scale=1"  pushes staler than S are refused
  *                    with TERSE_ERR_STALE (counted); lr_scale=1 divides the
- *                    step of a push by max(1, staleness).
+ *                    step of a push by max(1, staleness) (the same as
+ *                    update=step, below).
  *   "ssp:S"          stale synchronous parallel (Petuum): pushes are
  *                    applied on arrival; a worker at clock c may pull only
  *                    once every active worker has pushed clock c - S (its
  *                    pull waits otherwise). ssp:0 is bulk synchronous.
+ *                    Options after the bound: "ssp:2,update=amom".
  * async and ssp need update "sgd" (the server must hold the parameters).
+ *
+ * Stale pushes (terse_ps_config.stale_rule, or "async:update=R" and
+ * "ssp:S,update=R"; async and ssp only). A push applied on arrival was
+ * computed at the parameters x_p the worker last pulled (of that shard),
+ * while the server is at x; its staleness s is the number of updates the
+ * shard took in between. With W workers, weight 1/W, learning rate lr and
+ * momentum mu the server applies v = mu' v + (1/W) c g'; x -= lr v, where
+ * g', c and mu' are those of the rule (flags; combine them with "+", e.g.
+ * "update=amom+step"):
+ *   "plain"  (TERSE_PS_STALE_PLAIN) g' = g, c = 1, mu' = mu: the push as
+ *            if it were fresh (what async did before 0.5).
+ *   "step"   (TERSE_PS_STALE_STEP) staleness-aware step (Zhang, Gupta,
+ *            Lian and Liu, "Staleness-aware async-SGD for distributed
+ *            deep learning", IJCAI 2016): c = 1 / max(1, s).
+ *   "dc"     (TERSE_PS_STALE_DC) delay compensation (DC-ASGD: Zheng et al.,
+ *            "Asynchronous stochastic gradient descent with delay
+ *            compensation", ICML 2017, its constant-lambda form):
+ *            g' = g + lambda g * g * (x - x_p), elementwise; lambda is
+ *            dc_lambda ("lambda=L" in text; 0: 0.04; negative or not
+ *            finite: refused). The server keeps, per shard, a copy of
+ *            what each worker last pulled (the server's value at that
+ *            pull, before the pull codec): nfloats x 4 bytes per worker
+ *            and shard, allocated at the worker's first pull of it (so a
+ *            server holding P floats keeps up to W x P x 4 bytes more;
+ *            terse_ps_stats.dc_copy_bytes counts them). A push from a
+ *            worker that never pulled that shard has no copy: it is
+ *            applied uncompensated (g' = g; it computed at the initial
+ *            value, which the server no longer tells apart). Each shard's
+ *            copy is that shard's own: a worker that pulled one shard at
+ *            an older version than another is compensated per shard.
+ *   "amom"   asynchrony-aware momentum (Mitliagkas, Zhang, Hadjis and Re,
+ *            "Asynchrony begets momentum", Allerton 2016): W workers
+ *            applying on arrival add an implicit momentum of about
+ *            1 - 1/W, so the explicit one is reduced to keep the sum the
+ *            configured one: mu' = max(0, mu - (1 - 1/W)).
+ * The default (stale_rule 0) is the rule that measured best for a user who
+ * switches sync to async or ssp with the same lr and momentum (docs/ps.md,
+ * "Rules for stale pushes"): TERSE_PS_STALE_DEFAULT_RULE below, "step"
+ * (before 0.5 async applied "plain"). A rule given in sync
+ * mode, an unknown flag, "plain" combined with another, or a dc_lambda
+ * without "dc" is refused by terse_ps_create (TERSE_ERR_INVALID and a
+ * sentence naming it), on every rank.
+ *
+ * Learning-rate schedule (terse_ps_config.lr_schedule, lr_steps,
+ * lr_warmup; every mode with update sgd). The rate of step k (0-based) of
+ * a run of T = lr_steps steps with a warm-up of U = lr_warmup steps is
+ *   lr (k + 1) / U                               for k < U,
+ *   lr (1 + cos(pi (k - U) / (T - U))) / 2       after, for cosine,
+ *   0                                            for k >= T,
+ * (TERSE_PS_LR_COSINE; TERSE_PS_LR_CONSTANT, the default, keeps lr). A
+ * shard's step k is the number of steps it closed in sync mode, and the
+ * number of pushes it applied divided by the workers (rounded down) in
+ * async and ssp. The step count travels with the shard's state, so a
+ * replica or a replacement that takes a slot over goes on with the rate
+ * the head would have used. Cosine needs lr_steps >= 1 and lr_warmup <
+ * lr_steps (else TERSE_ERR_INVALID at terse_ps_create).
  *
  * Aggregators (terse_ps_config.aggregator, a spec; sync mode only, except
  * "mean"): how the server combines the pushes of a step, in worker-rank
@@ -1002,6 +1167,59 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * does not come back within the timeout (the job ended before the
  * replacement joined), with TERSE_ERR_TIMEOUT.
  *
+ * Partitions and the window (replicas 1). A key travels as partitions of
+ * partition_bytes (whole chunks; default 1 MiB, TERSE_PS_PARTITION_BYTES),
+ * each placed, stepped and answered on its own: the server acknowledges a
+ * partition's push when it has it, closes that partition's step when its
+ * last push is in, and answers its parked pulls at once, while later
+ * partitions still arrive (BytePS). A worker keeps up to `window` pushes
+ * and `window` pulls in flight per server (default 4, TERSE_PS_WINDOW),
+ * on conversations of their own, and pulls a partition as soon as its
+ * push was acknowledged: so both directions of every link are busy. Its
+ * executor runs the parameter-server requests queued behind the one it
+ * runs together with it, in priority order (terse_ps_set_priority); each
+ * completes when its last partition is done. Everything above holds per
+ * partition: a step, a quorum, a deadline, staleness and an aggregator's
+ * view (Krum and cclip measure distances within a partition) are a
+ * partition's; sync mode aggregates each partition in worker-rank order,
+ * so workers stay bitwise identical. Every rank must use the same
+ * partition size and window (checked at terse_ps_create). A server holds
+ * at most 2 x window receives per worker in flight (pushes on their own
+ * lanes, pulls parked on theirs); a message on a lane beyond that is never
+ * received (over tcp its connection stalls: the sender's problem, not the
+ * server's memory). With replicas 2 partitions go one at a time per
+ * server (window 1), through the failover path.
+ *
+ * Colocated servers (terse_ps_config.colocate = 1, or "colocate=1" in the
+ * mode text, e.g. "sync:colocate=1", "ssp:2,colocate=1"; num_servers is
+ * then ignored). Every rank is a worker and a server, BytePS style: at
+ * terse_ps_create (collective) each rank opens two more endpoints of the
+ * same provider, a server's and a worker's, each with a progress thread of
+ * its own, and the parameter server runs on them as a job of N servers and
+ * N workers -- everything above holds as for separate servers, and the
+ * communicator passed in carries none of its traffic (its
+ * terse_comm_get_stats adds in the two endpoints' bytes and seconds). The
+ * caller's handle is the worker: terse_ps_is_server is 0 on every rank,
+ * and terse_ps_serve is refused (TERSE_ERR_INVALID): a rank's server
+ * starts serving at its worker's first request (push, pull, pushpull or
+ * finish), so every key is declared before that (a later declare fails
+ * with TERSE_ERR_INVALID). Sync (with quorum, deadline_ms), async, ssp
+ * and every aggregator work colocated (tested; sync gives the bits of
+ * separate servers); replicas 2 is refused at create with
+ * TERSE_ERR_UNSUPPORTED (a death would take a server and a worker at once,
+ * which failover does not handle). Sentences number ranks virtually: rank
+ * r's server is "rank r", its worker "rank N + r"; terse_ps_placement
+ * fills N entries and terse_ps_chunk_server names ranks. terse_ps_free waits
+ * until this rank's server is done serving, i.e. until every worker has
+ * finished or was lost (or the timeout: after a death in sync mode the
+ * survivors' workers cannot say goodbye, so their servers wait up to the
+ * timeout for each other), then closes both endpoints. terse_ps_get_stats
+ * gives the worker's counters, and the server's once it is done serving.
+ * A colocated rank killed: the survivors' requests fail with
+ * TERSE_ERR_PEER_LOST naming it (as a server) within about a second
+ * (tested over tcp and shm). terse_comm_abort of the communicator passed
+ * in does not stop the colocated server: the timeout does.
+ *
  * Threading: calls on one terse_ps from one thread at a time; requests
  * may be tested and waited for as the engine allows. A request belongs to
  * the clock at its start (terse_ps_clock may follow before it completes).
@@ -1020,6 +1238,19 @@ typedef enum terse_ps_update {
     TERSE_PS_UPDATE_NONE = 0, /* pull returns the aggregate */
     TERSE_PS_UPDATE_SGD = 1   /* the server holds parameters: SGD with momentum */
 } terse_ps_update;
+
+/* terse_ps_config.stale_rule: flags (see Stale pushes above). */
+#define TERSE_PS_STALE_PLAIN 1 /* apply a stale push as if fresh */
+#define TERSE_PS_STALE_STEP 2  /* step / max(1, staleness) (Zhang et al. 2016) */
+#define TERSE_PS_STALE_DC 4    /* delay compensation (DC-ASGD, Zheng et al. 2017) */
+#define TERSE_PS_STALE_AMOM 8  /* momentum reduced by 1 - 1/workers (Mitliagkas et al. 2016) */
+/* What stale_rule 0 means in async and ssp (measured: docs/ps.md). */
+#define TERSE_PS_STALE_DEFAULT_RULE (TERSE_PS_STALE_STEP)
+
+typedef enum terse_ps_lr_schedule {
+    TERSE_PS_LR_CONSTANT = 0,
+    TERSE_PS_LR_COSINE = 1 /* linear warm-up, then cosine decay to 0 */
+} terse_ps_lr_schedule;
 
 typedef struct terse_ps_config {
     size_t size;           /* sizeof(terse_ps_config) */
@@ -1041,17 +1272,37 @@ typedef struct terse_ps_config {
     int replicas;          /* servers holding each chunk: 1 (default; 0 means
                             * 1) or 2 (sync mode, 2 or more servers): see
                             * Replication */
+    /* appended in 0.4: see Partitions and the window */
+    size_t partition_bytes; /* a key travels in partitions of this many bytes,
+                             * rounded up to whole chunks (0: the environment's
+                             * TERSE_PS_PARTITION_BYTES, else 1 MiB) */
+    int window;            /* partitions in flight per worker and server, each
+                            * way, 1..32 (0: TERSE_PS_WINDOW, else 4;
+                            * replicas 2: 1) */
+    /* appended in 0.4: see Colocated servers */
+    int colocate;          /* 1: every rank is a worker and a server (BytePS
+                            * style); num_servers is then ignored (0: off) */
+    /* appended in 0.5: see Stale pushes and Learning-rate schedule */
+    int stale_rule;        /* async, ssp: TERSE_PS_STALE_* flags (0: the
+                            * mode's default, TERSE_PS_STALE_DEFAULT_RULE) */
+    float dc_lambda;       /* TERSE_PS_STALE_DC: lambda (0: 0.04) */
+    terse_ps_lr_schedule lr_schedule; /* default TERSE_PS_LR_CONSTANT */
+    uint64_t lr_steps;     /* cosine: the run's steps T */
+    uint64_t lr_warmup;    /* cosine: steps of linear warm-up U (< T) */
 } terse_ps_config;
 
 #define TERSE_PS_CONFIG_INIT                                                      \
     {sizeof(terse_ps_config), 1, 0, 64, TERSE_PS_SYNC, 0, 0, 0, 0, TERSE_PS_UPDATE_NONE, \
-     0.0f, 0.0f, NULL, 0, 1}
+     0.0f, 0.0f, NULL, 0, 1, 0, 0, 0, 0, 0.0f, TERSE_PS_LR_CONSTANT, 0, 0}
 
-/* Set mode, quorum, staleness, max_staleness, lr_scale, deadline_ms and
- * replicas of *cfg from a spec ("sync", "sync:quorum=3", "async",
- * "async:max_staleness=8,lr_scale=1", "ssp:2", "sync:deadline_ms=500",
- * "sync:replicas=2"; what the spec leaves out is reset: 0, and replicas 1);
- * other fields are kept. A bad spec fails with TERSE_ERR_INVALID naming
+/* Set mode, quorum, staleness, max_staleness, lr_scale, deadline_ms,
+ * replicas, colocate, stale_rule and dc_lambda of *cfg from a spec
+ * ("sync", "sync:quorum=3", "async", "async:max_staleness=8,lr_scale=1",
+ * "ssp:2", "sync:deadline_ms=500", "sync:replicas=2", "sync:colocate=1",
+ * "async:update=dc,lambda=0.1", "ssp:2,update=amom+step"; what the spec
+ * leaves out is reset: 0, and replicas 1; colocate is kept unless the
+ * spec names it); other fields are kept. A bad spec fails with
+ * TERSE_ERR_INVALID naming
  * the token. */
 TERSE_API terse_status terse_ps_config_parse(const char *spec, terse_ps_config *cfg);
 
@@ -1076,6 +1327,13 @@ TERSE_API int terse_ps_is_server(const terse_ps *ps);
 TERSE_API terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n,
                                         const char *push_spec, const char *pull_spec,
                                         const float *init);
+
+/* A key's priority (local, on workers; default 0): partitions of keys of
+ * higher priority go out first, and among equal priorities the key
+ * declared first goes first (the next forward pass needs the first layers
+ * first). A request started later with a higher priority overtakes the
+ * partitions of earlier requests not yet sent. */
+TERSE_API terse_status terse_ps_set_priority(terse_ps *ps, size_t key, int priority);
 
 /* Worker requests (see Non-blocking collectives for the request rules):
  * push grad (n floats; read until the request completes), pull into out,
@@ -1128,7 +1386,8 @@ typedef struct terse_ps_stats {
     /* worker */
     uint64_t pushes, pulls;    /* completed */
     uint64_t stale_refused;    /* pushes the servers refused as late or stale */
-    /* server */
+    /* server (counted per partition: a key in P partitions on this server
+     * counts P pushes and P steps for each worker's push and each step) */
     uint64_t pushes_applied;   /* pushes aggregated or applied */
     uint64_t steps_closed;     /* sync: shard steps closed */
     uint64_t late_dropped;     /* sync quorum: pushes for a closed step */
@@ -1148,6 +1407,8 @@ typedef struct terse_ps_stats {
     uint64_t replicated;       /* head: shard steps its replica acknowledged */
     uint64_t takeovers;        /* replica: shards of a lost head it took over */
     uint64_t duplicates;       /* new head: resent pushes it had already applied */
+    /* appended in 0.5 (server) */
+    uint64_t dc_copy_bytes;    /* update dc: bytes of the workers' pulled copies kept */
 } terse_ps_stats;
 
 TERSE_API terse_status terse_ps_get_stats(const terse_ps *ps, terse_ps_stats *stats);

@@ -40,6 +40,7 @@ static int abi(void)
     OFF(terse_comm_stats, wire_bytes_sent); OFF(terse_comm_stats, wire_bytes_recv);
     OFF(terse_comm_stats, codec_seconds); OFF(terse_comm_stats, network_seconds);
     OFF(terse_comm_stats, auth_failures); OFF(terse_comm_stats, stranger_drops);
+    OFF(terse_comm_stats, control_bytes_sent); OFF(terse_comm_stats, control_bytes_recv);
     SZ(terse_codec_traits);
     OFF(terse_codec_traits, size); OFF(terse_codec_traits, id); OFF(terse_codec_traits, name);
     OFF(terse_codec_traits, summable); OFF(terse_codec_traits, error_feedback);
@@ -57,6 +58,12 @@ static int abi(void)
     OFF(terse_ps_config, update); OFF(terse_ps_config, lr); OFF(terse_ps_config, momentum);
     OFF(terse_ps_config, aggregator); OFF(terse_ps_config, deadline_ms);
     OFF(terse_ps_config, replicas);
+    OFF(terse_ps_config, partition_bytes);
+    OFF(terse_ps_config, window);
+    OFF(terse_ps_config, colocate);
+    OFF(terse_ps_config, stale_rule); OFF(terse_ps_config, dc_lambda);
+    OFF(terse_ps_config, lr_schedule); OFF(terse_ps_config, lr_steps);
+    OFF(terse_ps_config, lr_warmup);
     SZ(terse_ps_stats);
     OFF(terse_ps_stats, size); OFF(terse_ps_stats, pushes); OFF(terse_ps_stats, pulls);
     OFF(terse_ps_stats, stale_refused); OFF(terse_ps_stats, pushes_applied);
@@ -67,6 +74,7 @@ static int abi(void)
     OFF(terse_ps_stats, staleness_mean); OFF(terse_ps_stats, workers_lost);
     OFF(terse_ps_stats, refused_nonfinite); OFF(terse_ps_stats, deadline_closes);
     OFF(terse_ps_stats, replicated); OFF(terse_ps_stats, takeovers); OFF(terse_ps_stats, duplicates);
+    OFF(terse_ps_stats, dc_copy_bytes);
     return fflush(stdout) == 0 ? 0 : 1;
 }
 

@@ -7,7 +7,7 @@
 #include <arpa/inet.h>
 #include <string.h>
 
-#include "algos/comm.h"
+#include "algos/comm/comm.h"
 
 /* 0 when the name cannot be read. */
 static inline int endpoint_port(terse_comm *c) {

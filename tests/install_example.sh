@@ -20,16 +20,27 @@ LD_LIBRARY_PATH="$libdir" "$build/example-cmake/compress_vector" none 1000
 mkdir -p "$build/example-pc"
 PKG_CONFIG_PATH="$libdir/pkgconfig" \
   "$cc" -o "$build/example-pc/compress_vector" "$examples/compress_vector.c" \
-  $(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --define-prefix --cflags --libs terse) -lm
+  $(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs terse) -lm
+# plain pkg-config (no --define-prefix) names the staging prefix, not the configured one
+PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags terse | grep -q -- "-I$stage/" ||
+  { echo "terse.pc does not follow its prefix"; exit 1; }
+# installed programs start in a clean environment (RUNPATH $ORIGIN/../lib)
+for prog in "$stage"/bin/*; do
+  readelf -d "$prog" | grep -q 'RUNPATH.*\$ORIGIN' || { echo "$prog: no \$ORIGIN RUNPATH"; exit 1; }
+done
+env -i "$stage/bin/terse-run" --help >/dev/null
 LD_LIBRARY_PATH="$libdir" "$build/example-pc/compress_vector" none 1000
 # The Python package, installed beside the library, loads that library.
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import numpy" 2>/dev/null; then
   pkg=$(dirname "$(find "$stage" -path '*dist-packages/terse/__init__.py' | head -n1)")
   test -n "$pkg"
-  got=$(cd / && env -u TERSE_LIBRARY PYTHONPATH="$(dirname "$pkg")" PYTHONDONTWRITEBYTECODE=1 \
+  got=$(cd / && env -i PATH=/usr/bin:/bin PYTHONPATH="$(dirname "$pkg")" PYTHONDONTWRITEBYTECODE=1 \
         /usr/bin/python3 -c 'import terse, numpy as np
 c = terse.Codec("int8", 100); assert len(c.decode(c.encode(np.ones(100, np.float32)))) == 100
 print(terse.library_path, terse.library_found_in)')
+  # the directory is the one /usr/bin/python3 reads under the default prefix
+  want=$(/usr/bin/python3 -c 'import sys; print("python%d.%d" % sys.version_info[:2])')
+  case "$pkg" in */lib/$want/dist-packages/terse) ;; *) echo "package at $pkg, not lib/$want/dist-packages"; exit 1 ;; esac
   case "$got" in
     "$libdir/libterse.so.0 beside the package") ;;
     *) echo "installed Python package loaded the wrong library: $got"; exit 1 ;;

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -19,6 +20,57 @@ static inline double plain_now_ms(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
+
+/* How much slower than an idle machine this one is right now, for the
+ * tests that check a deadline: they assert "within T + slack", and the
+ * slack is multiplied by this factor so that a loaded machine (a CPU hog
+ * per core, the sanitizers, the suite's own parallel jobs) gets margin.
+ * Measured once per process, when the test program starts (before any
+ * job of its own runs, so that a slow job cannot raise its own allowance):
+ * a 20 ms busy loop's wall time over the CPU time it was given (2 when
+ * another process shares the core), and the 1-minute load average over
+ * the cores; the larger, at least 1 and at most 3, so that a scaled bound
+ * stays far below the failures it guards against (a hang, a timeout of
+ * seconds). TERSE_TEST_TIME_SCALE=F (1 to 100) sets it instead (a slow
+ * emulator, say). Lower bounds ("not before the timeout") never scale. */
+static inline double plain_time_scale(void) {
+    static double scale;
+    if (scale > 0) return scale;
+    const char *e = getenv("TERSE_TEST_TIME_SCALE");
+    if (e && *e) {
+        double f = strtod(e, NULL);
+        scale = f >= 1 && f <= 100 ? f : 1;
+        return scale;
+    }
+    double s = 1;
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    double w0 = plain_now_ms();
+    volatile unsigned spin = 0;
+    while (plain_now_ms() - w0 < 20) spin++;
+    double wall = plain_now_ms() - w0;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    double cpu = (double)(c1.tv_sec - c0.tv_sec) * 1e3 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e6;
+    if (cpu > 0 && wall / cpu > s) s = wall / cpu;
+    double load = 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &load) != 1) load = 0;
+        fclose(f);
+    }
+    if (cores > 0 && load / (double)cores > s) s = load / (double)cores;
+    scale = s > 3 ? 3 : s;
+    return scale;
+}
+/* Measured at start-up (see above); every test program that includes this
+ * header measures once, in its first process. */
+__attribute__((constructor)) static void plain_time_scale_at_start(void) {
+    (void)plain_time_scale();
+}
+
+/* slack_ms scaled for this machine's load (plain_time_scale). */
+static inline double plain_slack_ms(double slack_ms) { return slack_ms * plain_time_scale(); }
 
 /* A loopback port nobody listens on right now (-1 if none could be had). */
 static inline int plain_free_port(void) {
@@ -51,6 +103,17 @@ static inline void plain_remove_shm_of(pid_t pid) {
             unlink(path);
         }
     closedir(d);
+}
+
+/* This process's resident memory, MB (/proc/self/statm; 0 if unreadable). */
+static inline double plain_rss_mb(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
+        fclose(f);
+    }
+    return (double)res * (double)sysconf(_SC_PAGESIZE) / 1048576.0;
 }
 
 #endif

@@ -41,6 +41,8 @@
 typedef struct tr_out {
     int finished;      /* the body returned */
     int status;        /* the first failing call's status (0: none) */
+    int ready;         /* tr_say_ready: past the setup its test is not about */
+    double free_ms;    /* how long this rank's terse_comm_free took */
     char err[768];     /* its terse_last_error() */
     uint64_t hash[TR_SLOTS];
     double val[TR_SLOTS];
@@ -64,6 +66,29 @@ static inline int tr_fail(tr_out *o, terse_status s, const char *what) {
         terse_status tr_s_ = (call);                      \
         if (tr_s_ != TERSE_OK) return tr_fail((o), tr_s_, #call); \
     } while (0)
+
+/* A victim dies only once every rank is past the setup its test is not
+ * about: a rank that finished terse_comm_init or terse_ps_create may race
+ * ahead (async steps wait for nobody; a quorum closes without the
+ * slowest), and its death then fails a slower rank's setup with PEER_LOST
+ * instead of the failure under test (async: once in 6 runs of test_ps; a
+ * replacement test: 2 runs in 23). tr_say_ready marks this rank's output;
+ * tr_wait_all_ready waits for every rank's mark, or for that rank to have
+ * failed or finished (a failed setup is then reported as itself, not as a
+ * hang). The 120 s bound is only for a rank that crashed and marks
+ * nothing: it is an event wait, never a timing assumption. Only for the
+ * job's own ranks: a replacement's output sits at outs[nranks], not at
+ * outs + its rank. */
+static inline void tr_say_ready(tr_out *o) { __atomic_store_n(&o->ready, 1, __ATOMIC_RELEASE); }
+static inline void tr_wait_all_ready(terse_comm *c, tr_out *o) {
+    tr_out *all = o - terse_comm_rank(c); /* one shared array */
+    const double until = plain_now_ms() + 120000;
+    for (int r = 0; r < terse_comm_size(c); r++)
+        while (!__atomic_load_n(&all[r].ready, __ATOMIC_ACQUIRE) &&
+               !__atomic_load_n(&all[r].status, __ATOMIC_ACQUIRE) &&
+               !__atomic_load_n(&all[r].finished, __ATOMIC_ACQUIRE) && plain_now_ms() < until)
+            usleep(1000);
+}
 
 static inline uint64_t tr_hash(const void *p, size_t n) {
     const unsigned char *b = p;
@@ -176,8 +201,10 @@ static inline tr_out *tr_run(const tr_job *job, tr_body body, const void *arg) {
                 _exit(2);
             }
             int rc = body(c, &outs[r], arg);
+            double t_free = tr_now_ms();
             terse_comm_free(c);
-            outs[r].finished = 1;
+            outs[r].free_ms = tr_now_ms() - t_free;
+            __atomic_store_n(&outs[r].finished, 1, __ATOMIC_RELEASE);
             _exit(rc ? 1 : 0);
         }
         pids[r] = pid;

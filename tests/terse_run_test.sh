@@ -87,10 +87,32 @@ run env2 -n 1 sh -c "$print_env"
 if grep -q "$token" "$work/env2.out"; then fail "env: two jobs got the same token"; fi
 [ "$failures" = "$mark" ] && ok "env: rank, size, local rank/size, shared addr and fresh 64-hex token"
 
+# What torch.distributed's env:// reads (docs/pytorch.md launches DDP with it):
+# the same rank and size, and a rendezvous on the store's host at another port.
+mark=$failures
+run torchenv -n 3 sh -c 'echo "r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK/$LOCAL_WORLD_SIZE t=$TERSE_RANK m=$MASTER_ADDR:$MASTER_PORT a=$TERSE_ADDR"'
+lines=$(cat "$work/torchenv.out")
+if [ "$rc" != 0 ]; then fail "torch env: exit status $rc, want 0"; fi
+if [ "$(echo "$lines" | grep -Ec '^\[([0-2])\] r=\1 w=3 l=\1/3 t=\1 m=127\.0\.0\.1:[0-9]+ a=127\.0\.0\.1:[0-9]+$')" != 3 ]; then
+    fail "torch env: RANK, WORLD_SIZE, LOCAL_RANK/LOCAL_WORLD_SIZE or MASTER_ADDR:PORT wrong: $lines"
+fi
+if [ "$(echo "$lines" | sed -E 's/.* (m=[^ ]*) .*/\1/' | sort -u | wc -l)" != 1 ]; then
+    fail "torch env: ranks disagree on MASTER_ADDR:MASTER_PORT: $lines"
+fi
+if echo "$lines" | head -n1 | grep -Eq 'm=([^ ]*) a=\1$'; then
+    fail "torch env: MASTER_PORT is the store's own port: $lines"
+fi
+[ "$failures" = "$mark" ] && ok "torch env: RANK, WORLD_SIZE, LOCAL_*, MASTER_ADDR and a MASTER_PORT of its own"
+
 run opts -n 2 --provider shm --timeout-ms 3000 --addr 127.0.0.1:29999 sh -c "$print_env"
 if [ "$rc" != 0 ] || [ "$(grep -c 'addr=127.0.0.1:29999 token=[0-9a-f]* provider=shm timeout=3000$' "$work/opts.out")" != 2 ]; then
     fail "--provider/--timeout-ms/--addr not passed to both ranks: $(cat "$work/opts.out")"
 else ok "--provider, --timeout-ms and --addr reach every rank"; fi
+
+run badprov -n 2 --provider bogus sh -c "echo launched"
+if [ "$rc" != 2 ] || grep -q launched "$work/badprov.out" || ! grep -q "bogus" "$work/badprov.err"; then
+    fail "--provider bogus: exit $rc (want 2), out: $(cat "$work/badprov.out"), err: $(cat "$work/badprov.err")"
+else ok "--provider bogus exits 2 naming it, launching nothing"; fi
 
 # Options end at PROGRAM: its own -n is its business.
 run argv -n 1 sh -c 'echo "args:$*"' sh -n 5 --help

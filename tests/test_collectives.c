@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algos/ring.h"
+#include "algos/coll/ring.h"
 #include "compress/state.h"
 #include "ranks.h"
 #include "testutil.h"

@@ -7,7 +7,7 @@
  * endpoints are touched. */
 #include <arpa/inet.h>
 
-#include "algos/comm.h"
+#include "algos/comm/comm.h"
 #include "endpoint_port.h"
 #include "ranks.h"
 

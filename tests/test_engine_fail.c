@@ -2,20 +2,28 @@
  * after a failed collective, ranks whose random streams or tuning
  * variables disagree, and malformed tuning values. Real rank processes
  * over real providers. */
-#include "algos/comm.h"
+#include "algos/engine/engine.h"
 #include "common/env.h"
 #include "ranks.h"
 #include "testutil.h"
 
 /* ------------------------------------------------------------ timeout */
 
-#define BIG_FLOATS ((size_t)128 << 20) /* 512 MB */
+#define BIG_FLOATS ((size_t)256 << 20) /* 1 GiB */
 
-/* Filled by the test process before the ranks fork (they inherit it), so
- * that no rank spends longer than the timeout preparing while the other
- * waits. u[0]: status; val[0]: the allreduce's time (ms); u[1]: wrong
- * elements. */
+/* Filled by each rank before terse_comm_init (tr_before_init), so that no
+ * rank spends longer than the timeout preparing while the other waits, and
+ * the call does not pay for copy-on-write faults of a buffer inherited from
+ * the test process (8 s of a 512 MB call on one VM, TLB-flush IPIs).
+ * u[0]: status; val[0]: the allreduce's time (ms); u[1]: wrong elements. */
 static float *big_input;
+
+static void big_fill(int rank, const void *arg) {
+    (void)rank, (void)arg;
+    big_input = malloc(BIG_FLOATS * sizeof(float));
+    if (!big_input) _exit(3);
+    for (size_t i = 0; i < BIG_FLOATS; i++) big_input[i] = 1.0f;
+}
 
 static int big_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
@@ -31,27 +39,33 @@ static int big_body(terse_comm *c, tr_out *o, const void *arg) {
 
 /* The timeout is 600 ms, not 300: on a loaded 2-core machine (ctest -j 2
  * next to other multi-process tests) a 300 ms one once saw a whole 300 ms
- * without a completion. The allreduce takes about 1.3 s here idle, longer
- * under load; a machine fast enough to finish within the timeout is told
- * that the test showed nothing there. */
+ * without a completion. The tensor is 1 GiB, not 512 MB: with the timeout
+ * scaled by a loaded start (600 ms x 2.49 in one CI run) a 512 MB
+ * allreduce on a fast machine (1.2 s, AMD EPYC) finished within it and the
+ * test showed nothing. 1 GiB takes about 2 s on 2 vCPUs (AMD EPYC), above the
+ * largest scaled timeout (600 ms x 3). Should a machine still finish
+ * within the timeout, the test says so on stderr and still checks the sum
+ * (a cr_log_warn would make Criterion 2.4 exit nonzero, testutil.h). */
 #define BIG_TIMEOUT_MS 600
-Test(timeout, is_inactivity_a_512MB_allreduce_with_a_600ms_timeout_succeeds_tcp) {
-    big_input = malloc(BIG_FLOATS * sizeof(float));
-    cr_assert_not_null(big_input);
-    for (size_t i = 0; i < BIG_FLOATS; i++) big_input[i] = 1.0f;
-    tr_job job = {"tcp", 2, BIG_TIMEOUT_MS, 60, -1};
+Test(timeout, is_inactivity_a_1GiB_allreduce_with_a_600ms_timeout_succeeds_tcp) {
+    /* A deadline test: the 600 ms grow with the load measured now
+     * (plain_time_scale), as the allreduce's own time does, so that a
+     * busy machine's scheduling gaps are not taken for inactivity. */
+    const int timeout_ms = (int)(BIG_TIMEOUT_MS * plain_time_scale());
+    tr_job job = {"tcp", 2, timeout_ms, 90, -1};
+    tr_before_init = big_fill;
     tr_out *o = tr_run(&job, big_body, NULL);
-    free(big_input);
+    tr_before_init = NULL;
     for (int r = 0; r < 2; r++) {
         cr_expect_eq(o[r].u[0], TERSE_OK, "rank %d: %s", r, o[r].err);
         cr_expect_eq(o[r].u[1], 0, "rank %d: %llu wrong elements", r,
                      (unsigned long long)o[r].u[1]);
-        if (o[r].val[0] <= BIG_TIMEOUT_MS)
-            cr_log_warn("rank %d: the allreduce took %.0f ms, not longer than the %d ms "
-                        "timeout: on this machine the test shows nothing", r, o[r].val[0],
-                        BIG_TIMEOUT_MS);
-        cr_log_info("rank %d: 512 MB allreduce took %.0f ms with a %d ms timeout", r,
-                    o[r].val[0], BIG_TIMEOUT_MS);
+        if (o[r].val[0] <= timeout_ms)
+            fprintf(stderr, "[NOTE] rank %d: the allreduce took %.0f ms, not longer than the %d ms "
+                            "timeout: on this machine the test shows nothing\n", r, o[r].val[0],
+                    timeout_ms);
+        cr_log_info("rank %d: 1 GiB allreduce took %.0f ms with a %d ms timeout", r,
+                    o[r].val[0], timeout_ms);
     }
     tr_release(o);
 }
@@ -78,7 +92,14 @@ static int state_body(terse_comm *c, tr_out *o, const void *arg) {
         tu_fill_uniform(x, n, (uint64_t)(r * 10 + step), -1, 1);
         TR_CALL(o, terse_allreduce(c, x, n, cod, TERSE_OP_AVG));
     }
-    if (r == 1) { /* die while rank 0 is inside its third call, waiting for us */
+    tr_out *all = o - r; /* every rank's outputs (one shared mapping) */
+    if (r == 1) { /* die while rank 0 is inside its third call, waiting for us: once it
+                   * says it is about to make it (an event, however slow the machine),
+                   * and 300 ms later, so that the call has waited */
+        const double until = tr_now_ms() + 25000; /* bounds a rank 0 that crashed */
+        while (!__atomic_load_n(&all[0].u[9], __ATOMIC_ACQUIRE) &&
+               !__atomic_load_n(&all[0].status, __ATOMIC_ACQUIRE) && tr_now_ms() < until)
+            usleep(1000);
         usleep(300 * 1000);
         raise(SIGKILL);
     }
@@ -87,6 +108,7 @@ static int state_body(terse_comm *c, tr_out *o, const void *arg) {
     TR_CALL(o, terse_codec_state_save(cod, before, len, &l1));
     uint64_t step_before = terse_codec_step(cod);
     tu_fill_uniform(x, n, 99, -1, 1);
+    __atomic_store_n(&o->u[9], 1, __ATOMIC_RELEASE); /* rank 1 may die now */
     double t0 = tr_now_ms();
     o->u[0] = (uint64_t)terse_allreduce(c, x, n, cod, TERSE_OP_AVG);
     o->val[0] = tr_now_ms() - t0;
@@ -323,14 +345,18 @@ static void check_inflight(int sig) {
                 cr_expect_eq(o[r].hash[k], 1, "%s: rank %d request %d does not name rank 2: %s",
                              strsignal(sig), r, k, o[r].err);
         }
-        cr_expect_leq(o[r].val[0], 3000.0 + 2000.0, "%s: rank %d took %.0f ms", strsignal(sig), r,
+        cr_expect_leq(o[r].val[0], 3000.0 + plain_slack_ms(2000), "%s: rank %d took %.0f ms", strsignal(sig), r,
                       o[r].val[0]);
     }
     tr_release(o);
 }
 
-Test(requests, every_request_in_flight_fails_naming_a_killed_peer_tcp) { check_inflight(SIGKILL); }
-Test(requests, every_request_in_flight_fails_naming_a_stopped_peer_tcp) { check_inflight(SIGSTOP); }
+Test(requests, every_request_in_flight_fails_within_the_timeout_naming_a_killed_peer_tcp) {
+    check_inflight(SIGKILL);
+}
+Test(requests, every_request_in_flight_fails_within_the_timeout_naming_a_stopped_peer_tcp) {
+    check_inflight(SIGSTOP);
+}
 
 /* ------------------------------------------------------------ loss notices */
 
@@ -370,7 +396,7 @@ static void check_notice(int pace_ms) {
                  "calls: %s", pace_ms, (unsigned long long)o[0].u[0],
                  (unsigned long long)o[0].u[1], o[0].err);
     cr_expect(strstr(o[0].err, "rank 1"), "%s", o[0].err);
-    cr_expect_leq(o[0].val[0], 1000.0, "paced %d ms: rank 0 failed %.0f ms after the notice",
+    cr_expect_leq(o[0].val[0], plain_slack_ms(1000), "paced %d ms: rank 0 failed %.0f ms after the notice",
                   pace_ms, o[0].val[0]);
     cr_log_info("paced %d ms: rank 0 failed %.0f ms after rank 1 left the store (%llu calls)",
                 pace_ms, o[0].val[0], (unsigned long long)o[0].u[1]);
@@ -462,9 +488,9 @@ Test(abandoned, every_call_after_the_watchdog_gave_up_fails_at_once_and_free_ret
     for (int k = 1; k <= 3; k++)
         cr_expect(o[0].u[k] != TERSE_OK, "call %d after the watchdog returned TERSE_OK", k);
     cr_expect_eq(o[0].hash[1], 1, "the blocking call does not say why it failed");
-    cr_expect_lt(o[0].val[0], 500.0, "the calls after the watchdog took %.0f ms", o[0].val[0]);
+    cr_expect_lt(o[0].val[0], plain_slack_ms(500), "the calls after the watchdog took %.0f ms", o[0].val[0]);
     cr_expect(o[0].u[4] != TERSE_OK, "a group ended after the watchdog returned TERSE_OK");
-    cr_expect_lt(o[0].val[1], 500.0, "the group ended after the watchdog took %.0f ms to fail",
+    cr_expect_lt(o[0].val[1], plain_slack_ms(500), "the group ended after the watchdog took %.0f ms to fail",
                  o[0].val[1]);
     tr_release(o);
 }
@@ -556,7 +582,7 @@ static tr_out *run_held_lock(int sig, int nranks) {
  * survivor reports the death itself (PEER_LOST naming rank 2) instead of
  * giving up on its transport; the watchdog's TIMEOUT is what it gets
  * without the rescue. */
-Test(shm_lock, a_lock_held_by_a_dead_rank_is_released_and_the_loss_reported) {
+Test(shm_lock, a_lock_held_by_a_dead_rank_is_released_and_the_loss_reported_within_5s) {
     tr_out *o = run_held_lock(SIGKILL, 3);
     cr_expect_eq(o[0].u[0], TERSE_ERR_PEER_LOST, "rank 0: %s", o[0].err);
     cr_expect(strstr(o[0].err, "rank 2"), "rank 0's sentence does not name rank 2: %s", o[0].err);

@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 
 #include "known_limits.h"
+#include "plain_procs.h"
 #include <glob.h>
 #include <poll.h>
 #include <signal.h>
@@ -465,10 +466,11 @@ static void silent(const char *prov, int rank0_sends) {
     g_rank0_sends = rank0_sends;
     run_job(prov, 2, body_silent, res, wst);
     cr_assert_eq(res[0].status, TERSE_ERR_TIMEOUT, "%d: %s", res[0].status, res[0].msg);
-    cr_expect(res[0].wait_s >= 1.4 && res[0].wait_s < 1.5 + 1.5, "waited %.3f s", res[0].wait_s);
+    cr_expect(res[0].wait_s >= 1.4 && res[0].wait_s < 1.5 + plain_slack_ms(1500) / 1e3, "waited %.3f s",
+              res[0].wait_s);
     cr_expect(strstr(res[0].msg, rank0_sends ? "sending to rank 1" : "receiving from rank 1"),
               "%s", res[0].msg);
-    cr_expect(res[0].close_s < 2.0, "close took %.3f s", res[0].close_s);
+    cr_expect(res[0].close_s < plain_slack_ms(2000) / 1e3, "close took %.3f s", res[0].close_s);
     cr_expect_eq(res[1].status, TERSE_OK, "%s", res[1].msg);
 }
 
@@ -505,8 +507,8 @@ static void killed(const char *prov, int rank0_sends) {
     cr_assert(res[0].status == TERSE_ERR_PEER_LOST || res[0].status == TERSE_ERR_TIMEOUT,
               "%d: %s", res[0].status, res[0].msg);
     cr_expect(strstr(res[0].msg, "rank 1"), "%s", res[0].msg);
-    cr_expect(res[0].wait_s < 2.5 + 1.5, "waited %.3f s", res[0].wait_s);
-    cr_expect(res[0].close_s < 2.0, "close took %.3f s", res[0].close_s);
+    cr_expect(res[0].wait_s < 2.5 + plain_slack_ms(1500) / 1e3, "waited %.3f s", res[0].wait_s);
+    cr_expect(res[0].close_s < plain_slack_ms(2000) / 1e3, "close took %.3f s", res[0].close_s);
 }
 
 Test(fabric, shm_sender_killed_mid_transfer_is_reported_in_time, .timeout = 60) {
@@ -522,7 +524,7 @@ Test(fabric, tcp_receiver_killed_mid_transfer_is_reported_in_time, .timeout = 60
     killed("tcp", 1);
 }
 
-Test(fabric, alive_probe_aborts_the_wait_with_its_status, .timeout = 60) {
+Test(fabric, alive_probe_aborts_the_wait_at_once_with_its_status, .timeout = 60) {
     rank_result res[2];
     int wst[2];
     run_job("shm", 2, body_alive, res, wst);
@@ -531,7 +533,8 @@ Test(fabric, alive_probe_aborts_the_wait_with_its_status, .timeout = 60) {
     cr_expect_eq(res[0].extra, 20); /* called until it said no, then never again */
     /* about once per millisecond: 20 calls take >= 19 ms, and far less
      * than a second */
-    cr_expect(res[0].wait_s >= 0.019 && res[0].wait_s < 1.0, "waited %.3f s", res[0].wait_s);
+    cr_expect(res[0].wait_s >= 0.019 && res[0].wait_s < plain_slack_ms(1000) / 1e3, "waited %.3f s",
+              res[0].wait_s);
 }
 
 static void mismatch(int shorter) {

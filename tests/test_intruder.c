@@ -21,7 +21,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
-#include "algos/comm.h"
+#include "algos/comm/comm.h"
 #include "endpoint_port.h"
 #include "ranks.h"
 
@@ -42,16 +42,6 @@ typedef struct attack {
     long conns;           /* connections it opens (0: one) */
 } attack;
 
-static double rss_mb(void) {
-    FILE *f = fopen("/proc/self/statm", "r");
-    long pages = 0, res = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
-        fclose(f);
-    }
-    return (double)res * (double)sysconf(_SC_PAGESIZE) / 1048576.0;
-}
-
 /* u[0]: first failing status; u[1]: OK calls with a wrong sum; u[2]: calls;
  * u[3]: intruder exit status ok; u[4]: messages it sent; u[5]: dropped
  * from addresses that are not ranks; u[6]: its sends refused; u[7]:
@@ -68,7 +58,7 @@ static int attack_body(terse_comm *c, tr_out *o, const void *arg) {
     for (int k = 0; k < 20; k++) /* warm: buffers and pools at their working size */
         TR_CALL(o, terse_allreduce(c, x, N_FLOATS, NULL, TERSE_OP_SUM));
     TR_CALL(o, terse_barrier(c));
-    o->val[0] = o->val[1] = rss_mb();
+    o->val[0] = o->val[1] = plain_rss_mb();
     pid_t pid = -1;
     char out[64];
     snprintf(out, sizeof out, "/tmp/terse-intruder-%d.txt", (int)getpid());
@@ -97,7 +87,7 @@ static int attack_body(terse_comm *c, tr_out *o, const void *arg) {
     double end = tr_now_ms() + 40000, after = 0;
     for (int k = 0; tr_now_ms() < end; k++) {
         if (tr_pattern_allreduce(c, o, x, N_FLOATS, k, after && tr_now_ms() > after) != 0) break;
-        double m = rss_mb();
+        double m = plain_rss_mb();
         if (m > o->val[1]) o->val[1] = m;
         if (r == 0 && pid > 0 && !o->u[21]) {
             int st;

@@ -3,13 +3,13 @@
  * crafted inputs (ties, outliers, a Byzantine cluster), and their specs:
  * every bad option named, every configuration that cannot hold refused.
  * The server-side behaviour (a NaN push left out, a robust aggregator
- * over real workers) is in test_ps.c. */
+ * over real workers) is in test_ps_robust.c. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "algos/ps.h"
+#include "algos/ps/ps.h"
 #include "terse_plugin.h"
 
 #define MAXK 16

@@ -46,7 +46,7 @@ static size_t payload_size(size_t n, size_t B, unsigned bits) {
 Test(qsgd, canonical_spec_traits_and_exact_bound) {
     terse_codec *c = make("qsgd", 1000);
     cr_expect_str_eq(terse_codec_spec(c),
-                     "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,ef=0,seed=0");
+                     "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,norm=l2,ef=0,seed=0");
     cr_expect_eq(terse_codec_bound(c), 32 + payload_size(1000, 512, 4));
     terse_codec_traits t = TERSE_CODEC_TRAITS_INIT;
     cr_assert_eq(terse_codec_get_traits(c, &t), TERSE_OK);
@@ -61,7 +61,7 @@ Test(qsgd, canonical_spec_traits_and_exact_bound) {
     terse_codec_free(c);
     c = make("qsgd:bits=7,bucket=100,seed=9", 1000);
     cr_expect_str_eq(terse_codec_spec(c),
-                     "qsgd:bits=7,bucket=100,lsq=0,round=stochastic,ef=0,seed=9");
+                     "qsgd:bits=7,bucket=100,lsq=0,round=stochastic,norm=l2,ef=0,seed=9");
     terse_codec_free(c);
 }
 
@@ -427,7 +427,7 @@ static size_t simd_levels(level *out) {
         out[k++] = (level){"avx512", terse__squant_sumsq_avx512, terse__squant_encode_avx512,
                            terse__squant_decode_avx512};
 #endif
-    if (!k) cr_log_warn("no SIMD level on this CPU: nothing to compare");
+    if (!k) fprintf(stderr, "[NOTE] no SIMD level on this CPU: nothing to compare\n");
     return k;
 }
 
@@ -533,12 +533,14 @@ Test(qsgd, simd_kernels_break_ties_between_draw_and_fraction_like_scalar) {
  * set either way, and the canonical spec spells both out. */
 Test(qsgd, lsq_and_nearest_are_the_defaults_only_with_ef_and_are_in_the_canonical_spec) {
     static const char *const cases[][2] = {
-        {"qsgd", "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,ef=0,seed=0"},
-        {"qsgd:ef=1", "qsgd:bits=4,bucket=512,lsq=1,round=nearest,ef=1,seed=0"},
-        {"qsgd:ef=1,lsq=0", "qsgd:bits=4,bucket=512,lsq=0,round=nearest,ef=1,seed=0"},
-        {"qsgd:lsq=1,bits=3", "qsgd:bits=3,bucket=512,lsq=1,round=stochastic,ef=0,seed=0"},
-        {"qsgd:ef=1,round=stochastic", "qsgd:bits=4,bucket=512,lsq=1,round=stochastic,ef=1,seed=0"},
-        {"qsgd:round=nearest,seed=4", "qsgd:bits=4,bucket=512,lsq=0,round=nearest,ef=0,seed=4"},
+        {"qsgd", "qsgd:bits=4,bucket=512,lsq=0,round=stochastic,norm=l2,ef=0,seed=0"},
+        {"qsgd:ef=1", "qsgd:bits=4,bucket=512,lsq=1,round=nearest,norm=max,ef=1,seed=0"},
+        {"qsgd:ef=1,lsq=0", "qsgd:bits=4,bucket=512,lsq=0,round=nearest,norm=max,ef=1,seed=0"},
+        {"qsgd:lsq=1,bits=3", "qsgd:bits=3,bucket=512,lsq=1,round=stochastic,norm=l2,ef=0,seed=0"},
+        {"qsgd:ef=1,round=stochastic",
+         "qsgd:bits=4,bucket=512,lsq=1,round=stochastic,norm=l2,ef=1,seed=0"},
+        {"qsgd:round=nearest,seed=4", "qsgd:bits=4,bucket=512,lsq=0,round=nearest,norm=max,ef=0,seed=4"},
+        {"qsgd:ef=1,norm=l2", "qsgd:bits=4,bucket=512,lsq=1,round=nearest,norm=l2,ef=1,seed=0"},
     };
     tu_expect_canonical_specs(cases, sizeof cases / sizeof cases[0], 100);
 }

@@ -17,7 +17,7 @@
 #include <poll.h>
 #include <sys/syscall.h>
 
-#include "algos/comm.h"
+#include "algos/comm/comm.h"
 #include "ranks.h"
 
 #define N_FLOATS (1u << 18)

@@ -6,6 +6,7 @@
 #include <netdb.h>
 #include <stdatomic.h>
 
+#include "plain_procs.h"
 #include "store_procs.h"
 
 /* ---- exchange ---- */
@@ -218,10 +219,15 @@ static int vandal(job *j, int idx) {
                 send(fd[5], auth, sizeof auth, MSG_NOSIGNAL) == sizeof auth,
             56, "auth");
     int order[] = {0, 1, 4, 5, 2};
+    /* the store drops a silent connection after 1.5 s; the margin above it
+     * scales with the machine's load (plain_slack_ms) */
+    const int limit_ms = 1500 + (int)plain_slack_ms(2000);
     for (int k = 0; k < 5; k++)
-        REQUIRE(dropped_within(fd[order[k]], 3500), 57, "connection %d was not dropped", order[k]);
+        REQUIRE(dropped_within(fd[order[k]], limit_ms), 57, "connection %d was not dropped",
+                order[k]);
     uint64_t silent_ms = now_ms() - t_silent;
-    REQUIRE(silent_ms >= 1500 && silent_ms < 3500, 58, "silent connection dropped after %llu ms",
+    REQUIRE(silent_ms >= 1500 && silent_ms < (uint64_t)limit_ms, 58,
+            "silent connection dropped after %llu ms",
             (unsigned long long)silent_ms);
     for (int k = 0; k < 5; k++) terse__store_close_fd(fd[order[k]]);
     REQUIRE(write(j->notify[1], "d", 1) == 1, 59, "notify");
@@ -303,7 +309,7 @@ Test(store, numeric_addresses_resolve_at_once_without_a_lookup) {
         uint64_t t0 = now_ms();
         cr_expect_eq(terse__store_resolve(addrs[i], 0, t0 + 1000, &ai), TERSE_OK, "%s: %s",
                      addrs[i], terse_last_error());
-        cr_expect_leq(now_ms() - t0, 50, "%s took %llu ms", addrs[i],
+        cr_expect_leq(now_ms() - t0, plain_slack_ms(50), "%s took %llu ms", addrs[i],
                       (unsigned long long)(now_ms() - t0));
         cr_expect_not_null(ai);
         if (ai) freeaddrinfo(ai);
@@ -341,7 +347,7 @@ Test(store, an_unresolvable_name_fails_naming_it_within_the_deadline) {
     cr_expect(st == TERSE_ERR_INVALID || st == TERSE_ERR_TIMEOUT, "got %s",
               terse_status_name(st));
     cr_expect_null(ai);
-    cr_expect_leq(dt, 1500 + 250, "took %llu ms", (unsigned long long)dt);
+    cr_expect_leq(dt, 1500 + plain_slack_ms(250), "took %llu ms", (unsigned long long)dt);
     cr_expect(strstr(terse_last_error(), "nonexistent.invalid"), "%s", terse_last_error());
     if (st == TERSE_ERR_INVALID)
         cr_expect(strstr(terse_last_error(), "cannot resolve the store address "

@@ -463,7 +463,7 @@ Test(terngrad, simd_absmax_and_ternary_encode_match_scalar_bitwise) {
         free(g);
     }
 #else
-    cr_log_warn("no SIMD kernels on this architecture");
+    fprintf(stderr, "[NOTE] no SIMD kernels on this architecture\n");
 #endif
 }
 

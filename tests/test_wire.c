@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -422,6 +423,11 @@ ParameterizedTest(size_t *i, wire, messages_of_another_codec_or_shape_are_refuse
         terse_status s = decode_exact(&f, m, len, 1.0f, 0);
         cr_expect_eq(s, TERSE_ERR_CODEC_MISMATCH, "%s: a '%s' message gave %s", f.spec, other,
                      terse_status_name(s));
+        /* the sentence names both codecs, not only their ids */
+        char quoted[40];
+        snprintf(quoted, sizeof quoted, "('%s')", other);
+        cr_expect(strstr(terse_last_error(), quoted) != NULL, "%s: '%s' does not name '%s'",
+                  f.spec, terse_last_error(), other);
         free(m);
         terse_codec_free(o);
     }

@@ -10,7 +10,7 @@
  * ./terse.sh test in a clang -fsanitize=thread build; TSan's report (and
  * its exit code 66) or a wrong result fails it.
  *
- *   tsan_engine [PROVIDER [NRANKS [abort|free|ps]]]  defaults: tcp 2 abort
+ *   tsan_engine [PROVIDER [NRANKS [abort|free|ps|colo]]]  defaults: tcp 2 abort
  *
  * The last step either aborts from a second thread, or frees the
  * communicator while a second thread waits on a request in flight.
@@ -189,12 +189,12 @@ static void *ps_wait_all(void *arg) {
     return NULL;
 }
 
-static int body_ps(terse_comm *c, int rank, int nranks) {
+static int body_ps(terse_comm *c, int rank, int nranks, int colo) {
     terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
     cfg.update = TERSE_PS_UPDATE_SGD;
     cfg.lr = 0.5f;
     terse_ps *ps = NULL;
-    CHECK(terse_ps_config_parse("ssp:1", &cfg) == TERSE_OK, "parse");
+    CHECK(terse_ps_config_parse(colo ? "ssp:1,colocate=1" : "ssp:1", &cfg) == TERSE_OK, "parse");
     CHECK(terse_ps_create(c, &cfg, &ps) == TERSE_OK, "terse_ps_create: %s", terse_last_error());
     if (!ps) return 1;
     for (size_t k = 0; k < 3; k++)
@@ -226,7 +226,7 @@ static int body_ps(terse_comm *c, int rank, int nranks) {
     memset(&st, 0, sizeof st);
     st.size = sizeof st;
     CHECK(terse_ps_get_stats(ps, &st) == TERSE_OK, "stats");
-    if (rank == 0)
+    if (rank == 0 && !colo) /* colocated: the server's counters once it is done */
         CHECK(st.pushes_applied == (uint64_t)(3 * 6 * (nranks - 1)), "applied %llu",
               (unsigned long long)st.pushes_applied);
     terse_ps_free(ps);
@@ -236,9 +236,10 @@ static int body_ps(terse_comm *c, int rank, int nranks) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-        printf("usage: tsan_engine [PROVIDER [NRANKS [abort|free|ps]]]  (defaults: tcp 2 abort)\n"
+        printf("usage: tsan_engine [PROVIDER [NRANKS [abort|free|ps|colo]]]  (defaults: tcp 2 abort)\n"
                "Runs the engine's thread-safe calls from several threads in real rank\n"
-               "processes (ps: a parameter server, rank 0 serving); build it with clang\n"
+               "processes (ps: a parameter server, rank 0 serving; colo: every rank a\n"
+               "worker and a colocated server); build it with clang\n"
                "-fsanitize=thread. Exit 0: clean.\n");
         return 0;
     }
@@ -246,6 +247,7 @@ int main(int argc, char **argv) {
     int nranks = argc > 2 ? atoi(argv[2]) : 2;
     int free_mode = argc > 3 && strcmp(argv[3], "free") == 0;
     int ps_mode = argc > 3 && strcmp(argv[3], "ps") == 0;
+    int colo_mode = argc > 3 && strcmp(argv[3], "colo") == 0; /* every rank both */
     if (nranks < 2 || nranks > 8) {
         fprintf(stderr, "tsan_engine: NRANKS must be 2..8\n");
         return 2;
@@ -270,7 +272,8 @@ int main(int argc, char **argv) {
                 CHECK(0, "terse_comm_init");
                 _exit(1);
             }
-            int rc = ps_mode ? body_ps(c, r, nranks) : body(c, r, nranks, free_mode); /* frees c */
+            int rc = ps_mode || colo_mode ? body_ps(c, r, nranks, colo_mode)
+                                          : body(c, r, nranks, free_mode); /* frees c */
             _exit(rc ? 1 : 0);
         }
     }
@@ -293,6 +296,6 @@ int main(int argc, char **argv) {
     }
     const char *mode = getenv("TERSE_PROGRESS");
     printf("tsan_engine %s x%d %s (progress %s): %s\n", provider, nranks,
-           ps_mode ? "ps" : free_mode ? "free" : "abort", mode && *mode ? mode : "thread", bad ? "FAILED" : "clean");
+           colo_mode ? "colo" : ps_mode ? "ps" : free_mode ? "free" : "abort", mode && *mode ? mode : "thread", bad ? "FAILED" : "clean");
     return bad;
 }

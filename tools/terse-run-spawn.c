@@ -108,6 +108,14 @@ static _Noreturn void child_exec(const terse__run_job *job, int rank, const int 
     set_env_int("TERSE_SIZE", job->nranks, err_fd);
     set_env_int("TERSE_LOCAL_RANK", rank, err_fd);
     set_env_int("TERSE_LOCAL_SIZE", job->nranks, err_fd);
+    /* what torch.distributed's env:// rendezvous reads (torchrun sets them) */
+    set_env_int("RANK", rank, err_fd);
+    set_env_int("WORLD_SIZE", job->nranks, err_fd);
+    set_env_int("LOCAL_RANK", rank, err_fd);
+    set_env_int("LOCAL_WORLD_SIZE", job->nranks, err_fd);
+    if (setenv("MASTER_ADDR", job->master_addr, 1) != 0 ||
+        setenv("MASTER_PORT", job->master_port, 1) != 0)
+        child_fail(err_fd);
     /* Debian's libfabric loads libpsm-infinipath, which would turn a rank's
      * crash or SIGTERM into exit(1) (transport/fabric.c): keep signals
      * signals. */

@@ -36,7 +36,10 @@ static void usage(FILE *f) {
             "Runs N ranks of PROGRAM on this machine. Each rank gets TERSE_RANK,\n"
             "TERSE_SIZE, TERSE_LOCAL_RANK, TERSE_LOCAL_SIZE, TERSE_ADDR (where rank 0\n"
             "runs the bootstrap store) and TERSE_TOKEN (a fresh random secret for this\n"
-            "job, never printed), which is what terse_comm_init reads.\n"
+            "job, never printed), which is what terse_comm_init reads; and RANK,\n"
+            "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (the\n"
+            "store's host, another free port), which is what torch.distributed's env://\n"
+            "reads: terse-run -n 2 python3 train.py runs a DDP script as torchrun would.\n"
             "\n"
             "options:\n"
             "  -n N              number of ranks, 1 to %d (required)\n"
@@ -113,6 +116,19 @@ static void parse_args(int argc, char **argv, terse__run_job *job) {
             if (!*optarg || strlen(optarg) >= 32)
                 usage_error("--provider wants a provider name such as shm or tcp, not '%s'",
                             optarg);
+            {
+                /* the names terse_comm_init accepts (transport/fabric_info.c):
+                 * refuse before launching, not in every rank afterwards */
+                static const char *const known[] = {"shm", "tcp", "rxm", "verbs", "efa", "net",
+                                                     "auto"};
+                int ok = 0;
+                for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+                    ok |= strcmp(optarg, known[i]) == 0;
+                if (!ok)
+                    usage_error("--provider '%s' is not one of shm, tcp, rxm, verbs, efa, net, "
+                                "auto",
+                                optarg);
+            }
             job->provider = optarg;
             break;
         case OPT_TIMEOUT:
@@ -395,6 +411,23 @@ int main(int argc, char **argv) {
     if (!job->addr[0] && terse__run_free_port(job->addr, sizeof job->addr) != 0) {
         perror("terse-run: cannot find a free port on 127.0.0.1");
         return 1;
+    }
+    {
+        /* torch.distributed's env:// rendezvous on the store's host, another
+         * free port (its TCPStore binds it in rank 0) */
+        char a[300];
+        if (terse__run_free_port(a, sizeof a) != 0) {
+            perror("terse-run: cannot find a free port on 127.0.0.1");
+            return 1;
+        }
+        const char *colon = strrchr(job->addr, ':'), *pc = strrchr(a, ':');
+        size_t hl = (size_t)(colon - job->addr);
+        if (hl >= 2 && job->addr[0] == '[' && job->addr[hl - 1] == ']') /* [v6]:port */
+            snprintf(job->master_addr, sizeof job->master_addr, "%.*s", (int)(hl - 2),
+                     job->addr + 1);
+        else
+            snprintf(job->master_addr, sizeof job->master_addr, "%.*s", (int)hl, job->addr);
+        snprintf(job->master_port, sizeof job->master_port, "%s", pc + 1);
     }
     if (terse__run_make_token(job->token) != 0) {
         perror("terse-run: cannot read random bytes for the job token (getrandom)");

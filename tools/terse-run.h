@@ -24,6 +24,8 @@ typedef struct terse__run_job {
     char **argv;          /* PROGRAM ARGS..., NULL-terminated */
     char addr[300];       /* TERSE_ADDR, host:port */
     char token[65];       /* TERSE_TOKEN, 64 hex digits */
+    char master_addr[300], master_port[8]; /* MASTER_ADDR, MASTER_PORT (torch.distributed's
+                                            * rendezvous: another free port than the store's) */
     const char *provider; /* TERSE_PROVIDER, or NULL to leave the environment alone */
     const char *timeout;  /* TERSE_TIMEOUT_MS, or NULL likewise */
     int prefix;           /* 1: the rank's stdout/stderr go to pipes we read */

@@ -1,7 +1,8 @@
 /* The libfabric endpoint's life: open (fabric, domain, CQ, AV, endpoint,
  * sized from what the provider reports), the address blob ranks exchange,
  * filling the AV in rank order, and close. Posting and progress live in
- * fabric_msg.c, provider selection in fabric_info.c. */
+ * fabric_msg.c, waiting and quiesce in fabric_wait.c, provider selection
+ * in fabric_info.c. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -204,7 +205,7 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
     TERSE_CHECK_GOTO(terse__fabric_select(provider, same_host, rank, &f->info), st, fail);
     snprintf(f->provider, sizeof f->provider, "%s", f->info->fabric_attr->prov_name);
     /* rxm accepts connections from any address and queues their messages
-     * forever: TERSE_SWEEP=1 sweeps its unexpected queue (fabric_msg.c,
+     * forever: TERSE_SWEEP=1 sweeps its unexpected queue (fabric_sweep.c,
      * "Strangers"; off by default, see terse.h). */
     int sweep = 0;
     TERSE_CHECK_GOTO(terse__env_choice("TERSE_SWEEP", flags, 0, &sweep), st, fail);
@@ -244,6 +245,7 @@ terse_status terse__fabric_open(const char *provider, int same_host, int rank, i
     TERSE_CHECK_GOTO(make_slots(f), st, fail);
     TERSE_CHECK_GOTO(open_objects(f), st, fail);
     if (f->register_mr) TERSE_CHECK_GOTO(register_slots(f), st, fail);
+    terse__fabric_reap_init(f);
     *out = f;
     return TERSE_OK;
 fail:
@@ -257,6 +259,8 @@ static void close_fid(struct fid *fid) {
 
 void terse__fabric_close(terse__fabric *f) {
     if (!f) return;
+    terse__fabric_close(f->side);
+    free(f->via_side);
     /* Close the endpoint first: that discards whatever is still posted
      * (after a timeout or a lost peer there may be much), with no
      * completions to wait for, so close returns promptly even when a peer
@@ -266,6 +270,7 @@ void terse__fabric_close(terse__fabric *f) {
     terse__fabric_release_ops(f);
     if (ret == -FI_EBUSY) fi_close(&f->ep->fid);
     if (f->slots_mr) fi_close(&f->slots_mr->fid);
+    terse__fabric_reap_free(f);
     terse__fabric_free_keys(f);
     close_fid(f->av ? &f->av->fid : NULL);
     close_fid(f->cq ? &f->cq->fid : NULL);
@@ -351,7 +356,22 @@ static terse_status check_name(const terse__fabric *f, int r, const uint8_t *b) 
 }
 
 terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t name_len) {
+    return terse__fabric_set_peers_among(f, names, name_len, NULL);
+}
+
+void terse__fabric_attach_side(terse__fabric *f, terse__fabric *side, uint8_t *via_side) {
+    f->side = side;
+    f->via_side = via_side;
+}
+
+terse__fabric *terse__fabric_side(const terse__fabric *f) { return f ? f->side : NULL; }
+
+terse_status terse__fabric_set_peers_among(terse__fabric *f, const void *names, size_t name_len,
+                                           const uint8_t *member) {
     if (!f || !names) return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_set_peers: NULL argument");
+    if (member && !member[f->rank])
+        return TERSE_ERROR(TERSE_ERR_INVALID, "rank %d: fabric_set_peers_among without this rank",
+                           f->rank);
     if (f->addrs)
         return TERSE_ERROR(TERSE_ERR_INVALID, "rank %d: fabric peers are already set", f->rank);
     if (name_len != TERSE__FABRIC_NAME_BYTES)
@@ -359,7 +379,8 @@ terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t
                            "rank %d: endpoint names are %d bytes each, not %zu", f->rank,
                            TERSE__FABRIC_NAME_BYTES, name_len);
     const uint8_t *all = names;
-    for (int r = 0; r < f->nranks; r++) TERSE_CHECK(check_name(f, r, all + (size_t)r * name_len));
+    for (int r = 0; r < f->nranks; r++)
+        if (!member || member[r]) TERSE_CHECK(check_name(f, r, all + (size_t)r * name_len));
 
     /* Our own entry must be our address: catches names passed out of rank
      * order, which would otherwise send every message to the wrong rank. */
@@ -381,6 +402,10 @@ terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t
     /* One insert per rank: address lengths may differ between ranks. */
     for (int r = 0; r < f->nranks; r++) {
         const uint8_t *addr = all + (size_t)r * name_len + TERSE__NAME_ADDR_OFF;
+        if (member && !member[r]) { /* routed elsewhere: no address here */
+            addrs[r] = FI_ADDR_NOTAVAIL;
+            continue;
+        }
         int ret = fi_av_insert(f->av, addr, 1, &addrs[r], 0, NULL);
         if (ret != 1) {
             free(addrs);
@@ -393,6 +418,7 @@ terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t
     f->addrs = addrs;
     for (int r = 0; r < f->nranks; r++) {
         const uint8_t *b = all + (size_t)r * name_len;
+        if (member && !member[r]) continue;
         terse__fabric_shm_note_peer(f, r, b + TERSE__NAME_ADDR_OFF, terse__get_u32(b + 4));
     }
     return TERSE_OK;
@@ -408,9 +434,12 @@ terse_status terse__fabric_replace_peer(terse__fabric *f, int peer, const void *
                            peer, name_len, TERSE__FABRIC_NAME_BYTES);
     TERSE_CHECK(check_name(f, peer, name));
     /* What is still posted to the old process is let go first: nothing of
-     * it may match the new one. */
+     * it may match the new one. A peer routed through the side endpoint
+     * comes back through this one (a replacement announces one name and
+     * opens no side endpoint: comm_join.c). */
+    for (int pass = f->side && f->via_side[peer] ? 0 : 1; pass < 2; pass++)
     for (;;) { /* from the head each time: a cancel runs progress, which recycles ops */
-        terse__fabric_op *op = f->active_head;
+        terse__fabric_op *op = pass == 0 ? f->side->active_head : f->active_head;
         while (op && !(op->req && op->req->peer == peer && !op->req->error)) op = op->next;
         if (!op) break;
         terse__fabric_req *r = op->req;
@@ -420,6 +449,7 @@ terse_status terse__fabric_replace_peer(terse__fabric *f, int peer, const void *
         }
         if (!r->error) r->error = TERSE_ERR_ABORTED;
     }
+    if (f->side) f->via_side[peer] = 0;
     fi_addr_t old = f->addrs[peer];
     (void)fi_av_remove(f->av, &old, 1, 0); /* the old process is gone */
     fi_addr_t a = FI_ADDR_NOTAVAIL;
@@ -437,6 +467,6 @@ terse_status terse__fabric_replace_peer(terse__fabric *f, int peer, const void *
 }
 
 void terse__fabric_counters(const terse__fabric *f, uint64_t *sent, uint64_t *recv) {
-    if (sent) *sent = f ? f->bytes_sent : 0;
-    if (recv) *recv = f ? f->bytes_recv : 0;
+    if (sent) *sent = f ? f->bytes_sent + (f->side ? f->side->bytes_sent : 0) : 0;
+    if (recv) *recv = f ? f->bytes_recv + (f->side ? f->side->bytes_recv : 0) : 0;
 }

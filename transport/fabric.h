@@ -39,10 +39,14 @@ typedef struct terse__fabric terse__fabric;
  * provider does not ask (tests the FI_MR_LOCAL path). */
 terse_status terse__fabric_open(const char *provider, int same_host, int rank, int nranks,
                                 terse__fabric **out);
+/* (same_host: 0 ranks on several hosts; 1 every rank on this host; 2
+ * several hosts -- TERSE_HOST -- in one network namespace: loopback
+ * reaches them all, but "auto" does not pick shm.) */
 void terse__fabric_close(terse__fabric *f);
 /* Before an orderly close on net: wait (at most budget_ns) until every
  * peer this rank sent to has read everything sent to it, or is marked in
- * lost_map(arg) (polled each millisecond; NULL: no news) (fabric_msg.c
+ * lost_map(arg) (a rank that reads nothing more: lost, or gone with a goodbye;
+ * polled each millisecond; NULL: no news) (fabric_wait.c
  * says why). Other providers: nothing. */
 void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns,
                          const uint8_t *(*lost_map)(void *), void *arg);
@@ -57,6 +61,21 @@ terse_status terse__fabric_name(terse__fabric *f, void *buf, size_t *len);
 /* Insert every rank's address (nranks names of name_len bytes each, in rank
  * order, this rank's included) into the AV. */
 terse_status terse__fabric_set_peers(terse__fabric *f, const void *names, size_t name_len);
+
+/* Per-peer routing (issue 28): set_peers with only the ranks member[r] != 0
+ * inserted (the others get no address: nothing may be sent to them here),
+ * for a side endpoint among one host's ranks. */
+terse_status terse__fabric_set_peers_among(terse__fabric *f, const void *names, size_t name_len,
+                                           const uint8_t *member);
+/* From now on messages to and from the peers with via_side[peer] != 0 go
+ * through side (an shm endpoint whose peers are set), everything else
+ * through f. f owns side and via_side (nranks bytes, malloc'ed) and frees
+ * them at close; its waits and progress rounds drive both completion
+ * queues, and quiesce, abandon, tolerant mode, epochs and counters apply
+ * to both. Call before any message. */
+void terse__fabric_attach_side(terse__fabric *f, terse__fabric *side, uint8_t *via_side);
+/* The side endpoint (NULL: none). */
+terse__fabric *terse__fabric_side(const terse__fabric *f);
 
 /* A request. Owned by the caller (stack or array); it must stay valid and
  * unmoved until completed by terse__fabric_wait. */
@@ -162,6 +181,12 @@ size_t terse__fabric_sink_bytes(const terse__fabric *f);
  * into a caller's buffer once this returns. Only terse__fabric_close may
  * follow. Idempotent; NULL is accepted. */
 void terse__fabric_quiesce(terse__fabric *f);
+/* From now on quiesce cancels and collects but leaves the endpoint open
+ * for terse__fabric_close. For two endpoints of one process that talk to
+ * each other (a colocated parameter server's): shm writes straight into a
+ * peer endpoint of its own process, so one that closed early would be
+ * written to after its memory went away. */
+void terse__fabric_keep_open(terse__fabric *f);
 
 /* The watchdog (any thread). libfabric's shm provider spins, inside
  * fi_tsend / fi_cq_read, on a lock in a peer's shared region; a peer
@@ -193,6 +218,11 @@ int terse__fabric_is_abandoned(const terse__fabric *f);
  * message; every rank must, alike. */
 terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const uint8_t *nonces,
                                     int encrypt);
+/* The same for a second endpoint of this process (a colocated parameter
+ * server's, algos/engine/engine_twin.c): the token's secret and the
+ * encryption choice come from `from`, an endpoint that has its keys. */
+terse_status terse__fabric_set_keys_from(terse__fabric *f, const terse__fabric *from,
+                                         const uint8_t *nonces);
 /* The high bits of the collective sequence number, which the tag leaves
  * out; bound into every MAC so that a chunk replayed 2^20 phases later
  * fails. Every rank sets the same value at the same point. */
@@ -207,7 +237,7 @@ uint64_t terse__fabric_auth_failures(const terse__fabric *f, int peer);
 terse_status terse__fabric_replace_peer(terse__fabric *f, int peer, const void *name,
                                         size_t name_len, const uint8_t *nonce);
 terse_status terse__fabric_rekey_peer(terse__fabric *f, int peer, const uint8_t *nonce);
-/* Messages dropped that came from an address that is no rank (fabric_msg.c,
+/* Messages dropped that came from an address that is no rank (fabric_sweep.c,
  * "Strangers"). */
 uint64_t terse__fabric_stranger_drops(const terse__fabric *f);
 /* Tests only: corrupt one byte of every k-th chunk sent after its MAC was
@@ -219,5 +249,9 @@ void terse__fabric_counters(const terse__fabric *f, uint64_t *sent, uint64_t *re
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t terse__now_ns(void);
+
+/* net: strangers' connections terse closed after net let go of them, or
+ * shut down silent (transport/fabric_reap.c); 0 on other providers. */
+uint64_t terse__fabric_reaped(const terse__fabric *f);
 
 #endif

@@ -1,7 +1,8 @@
 /* The libfabric transport's private state, shared by fabric.c (open, close,
- * addresses), fabric_info.c (provider selection) and fabric_msg.c (posting,
- * chunking, completion progress). Nothing outside transport/fabric*.c
- * includes this. */
+ * addresses), fabric_info.c (provider selection), fabric_msg.c (posting,
+ * chunking, completion progress), fabric_sweep.c (rxm's strangers),
+ * fabric_wait.c (waiting, cancelling, quiesce, flush), fabric_mac.c and
+ * fabric_shm.c. Nothing outside transport/fabric*.c includes this. */
 #ifndef TERSE_TRANSPORT_FABRIC_IMPL_H
 #define TERSE_TRANSPORT_FABRIC_IMPL_H
 
@@ -21,7 +22,7 @@
 
 /* Callers own the low 48 tag bits; chunk indices live in the high 16.
  * Chunk index 0xffff is never used: the sweep's markers carry it
- * (fabric_msg.c, "Strangers"). */
+ * (fabric_sweep.c, "Strangers"). */
 #define TERSE__TAG_BITS 48
 #define TERSE__MAX_CHUNKS (((size_t)1 << (64 - TERSE__TAG_BITS)) - 1)
 #define TERSE__MARKER_CHUNK ((uint64_t)0xffff << TERSE__TAG_BITS)
@@ -30,6 +31,10 @@
  * pipeline deep enough to hide per-chunk latency on shm and tcp while
  * bounding queue use per request (measured: see fabric_msg.c). */
 #define TERSE__FABRIC_WINDOW 8
+
+/* Completions read per fi_cq_read call (fabric_msg.c's progress rounds,
+ * fabric_wait.c's quiesce). */
+#define TERSE__CQ_BATCH 16
 
 /* The name blob terse__fabric_name hands out: fixed size, so every rank's
  * blob has the same length whatever the provider's address length (shm's
@@ -84,7 +89,7 @@ typedef struct terse__fabric_slot {
 } terse__fabric_slot;
 
 /* A rank's message that a drain moved out of the provider's unexpected
- * queue into terse's memory (fabric_msg.c, "Strangers"), kept until the
+ * queue into terse's memory (fabric_sweep.c, "Strangers"), kept until the
  * receive it belongs to is posted. ctx first: the provider hands it back
  * in the claim's completions. */
 typedef struct terse__fabric_early {
@@ -181,7 +186,7 @@ struct terse__fabric {
     terse__fabric_slot *repost;
     unsigned tamper_every, tamper_count;
 
-    /* Strangers (fabric_msg.c): tcp;ofi_rxm queues a message from an
+    /* Strangers (fabric_sweep.c): tcp;ofi_rxm queues a message from an
      * address that is no rank forever, so a sweep (TERSE_SWEEP=1) drops them. The peek in
      * flight (its answer: found, tag, length); the early store (oldest
      * first) and its bytes; receives filled from it, to complete; counts. */
@@ -216,6 +221,7 @@ struct terse__fabric {
      * replacements took over from, and the stuck call last tried (its
      * call_since). */
     int shm_rescue; /* TERSE_SHM_RESCUE=1 */
+    int keep_open;  /* quiesce leaves the endpoint open (terse__fabric_keep_open) */
     int trace_tags; /* TERSE_TRACE_TAGS=1 */
     /* net's flush at close (terse__fabric_flush): per peer, anything sent
      * to it; the flush's sends and their state (1 posted, 2 acknowledged
@@ -227,7 +233,20 @@ struct terse__fabric {
     pid_t shm_gone[TERSE__SHM_GONE_MAX];
     int shm_ngone;
     uint64_t shm_tried;
+    /* net: the connections it accepted and let go of (fabric_reap.c) */
+    struct terse__fabric_reap *reap;
+
+    /* Per-peer routing (issue 28): a second endpoint (shm) for the peers
+     * with via_side[peer] set, owned by this one and progressed by its
+     * waits (terse__fabric_attach_side). NULL: every peer is ours. */
+    terse__fabric *side;
+    uint8_t *via_side;
 };
+
+/* The fabric that carries messages to and from peer. */
+static inline terse__fabric *terse__fabric_route(terse__fabric *f, int peer) {
+    return f && f->side && peer >= 0 && peer < f->nranks && f->via_side[peer] ? f->side : f;
+}
 
 /* fabric_info.c: resolve a user provider name ("shm", "tcp", ..., "auto")
  * to a chosen fi_info (a fresh copy the caller frees with fi_freeinfo).
@@ -237,7 +256,7 @@ struct terse__fabric {
 terse_status terse__fabric_select(const char *provider, int same_host, int rank,
                                   struct fi_info **out);
 
-/* Bracket a provider call for the watchdog (fabric_msg.c). */
+/* Bracket a provider call for the watchdog (fabric_wait.c). */
 static inline void terse__fabric_enter(terse__fabric *f, int peer, const char *what) {
     atomic_store_explicit(&f->call_peer, peer, memory_order_relaxed);
     atomic_store_explicit(&f->call_what, what, memory_order_relaxed);
@@ -261,8 +280,52 @@ int terse__fabric_open_sealed(terse__fabric *f, const terse__fabric_req *r, size
                               uint8_t *p, size_t n, const uint8_t *tag);
 void terse__fabric_free_keys(terse__fabric *f);
 
-/* fabric_msg.c: drop every request's state (close calls it after the
+/* fabric_wait.c: drop every request's state (close calls it after the
  * endpoint is gone, so nothing can complete any more). */
 void terse__fabric_release_ops(terse__fabric *f);
+
+/* fabric_msg.c, for fabric_sweep.c and fabric_wait.c. fail: a failure
+ * leaves operations posted that point at caller memory, so the fabric
+ * refuses everything but close from then on (the first status sticks;
+ * returns st). fail_abandoned: the failure for a watchdog having given up
+ * on the fabric while we were inside the provider. */
+terse_status terse__fabric_fail(terse__fabric *f, terse_status st);
+terse_status terse__fabric_fail_abandoned(terse__fabric *f);
+/* "sending to" or "receiving from", for messages. */
+const char *terse__fabric_dir_text(const terse__fabric_req *r);
+/* r's op (NULL once nothing of r is active); unlink, release and recycle
+ * an op. */
+terse__fabric_op *terse__fabric_op_of(const terse__fabric *f, const terse__fabric_req *r);
+void terse__fabric_op_put(terse__fabric *f, terse__fabric_op *op);
+/* A slot back to its direction's pool (its staging buffer too); whether a
+ * completion's context is one of the slots. */
+void terse__fabric_slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send);
+int terse__fabric_is_slot(const terse__fabric *f, const void *ctx);
+/* Drain the CQ; *events counts our chunks' completions. */
+terse_status terse__fabric_read_cq(terse__fabric *f, size_t *events);
+/* A progress round's reading half: receives filled from the early store
+ * complete, then (rxm) the sweep, then the CQ is drained. */
+terse_status terse__fabric_poll(terse__fabric *f, size_t *events);
+/* Give every active request its chance to post, oldest first. */
+terse_status terse__fabric_post_pending(terse__fabric *f);
+
+/* fabric_sweep.c, for fabric_msg.c. early_take: the chunk (peer, tag)
+ * from the early store into p (n bytes) and mac: 1 and its length in
+ * *got, 0 while its bytes are still coming, -1 when the store has none.
+ * early_done: a claim's bytes arrived (or failed: the entry goes).
+ * sweep: a progress round's look at rxm's unexpected queue ("Strangers"
+ * there), draining it when a stranger's message heads it. */
+int terse__fabric_early_take(terse__fabric *f, int peer, uint64_t tag, uint8_t *p, size_t n,
+                             uint8_t *mac, size_t *got);
+void terse__fabric_early_done(terse__fabric *f, void *ctx, size_t len, int failed);
+terse_status terse__fabric_sweep(terse__fabric *f);
+
+/* fabric_reap.c (net only; nothing on other providers): init after the
+ * endpoint is enabled, free at close; reap after a progress round closes
+ * the accepted connections net let go of and shuts down silent ones past
+ * their time ("Strangers' connections" there). */
+void terse__fabric_reap_init(terse__fabric *f);
+void terse__fabric_reap_free(terse__fabric *f);
+void terse__fabric_reap(terse__fabric *f);
 
 #endif

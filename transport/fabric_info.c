@@ -24,7 +24,7 @@
  * tcp;ofi_rxm queues every such message without bound -- a stranger's
  * flood would grow a rank's memory as fast as it sends (SECURITY.md).
  * terse's protocols post each receive before its message can block
- * anything behind it on the same connection (algos/ps_worker.c). */
+ * anything behind it on the same connection (algos/ps/ps_failover.c). */
 static const struct {
     const char *user, *prov;
 } known_providers[] = {
@@ -243,10 +243,11 @@ terse_status terse__fabric_select(const char *provider, int same_host, int rank,
                            "rxm, verbs, efa, net or auto)",
                            rank, provider);
 
-    /* auto: shm when every rank shares this host; otherwise RDMA if the
+    /* auto: shm when every rank shares this host (same_host 1; 2 is
+     * several hosts in one network namespace: loopback, never shm); otherwise RDMA if the
      * machine has it (verbs, then efa), else tcp. */
     static const char *const order[] = {"shm", "verbs;ofi_rxm", "efa", "net"};
-    for (size_t k = same_host ? 0 : 1; k < sizeof order / sizeof order[0]; k++) {
+    for (size_t k = same_host == 1 ? 0 : 1; k < sizeof order / sizeof order[0]; k++) {
         terse_status st;
         int ret = find(order[k], same_host, rank, out, &st);
         if (ret == 0) return st;

@@ -131,9 +131,9 @@ static terse_status make_stages(terse__fabric *f) {
     return TERSE_OK;
 }
 
-terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const uint8_t *nonces,
-                                    int encrypt) {
-    if (!f || !token || !*token || !nonces)
+static terse_status set_keys(terse__fabric *f, const terse__fabric *from, const char *token,
+                             const uint8_t *nonces, int encrypt) {
+    if (!f || (!from && (!token || !*token)) || !nonces)
         return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_set_keys: NULL argument or empty token");
     size_t N = (size_t)f->nranks;
     f->tx_ctx = calloc(N, sizeof *f->tx_ctx);
@@ -143,10 +143,11 @@ terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const u
     if (!f->tx_ctx || !f->rx_ctx || !f->auth_fail)
         return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: no memory for %zu wire keys", f->rank, N);
     unsigned tlen = 0;
-    if (!HMAC(EVP_sha256(), "terse-wire-v3", 13, (const unsigned char *)token, strlen(token),
-              f->wire_t, &tlen) ||
-        tlen != 32)
+    if (!from && (!HMAC(EVP_sha256(), "terse-wire-v3", 13, (const unsigned char *)token,
+                        strlen(token), f->wire_t, &tlen) ||
+                  tlen != 32))
         return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: HMAC-SHA256 (OpenSSL) failed", f->rank);
+    if (from) memcpy(f->wire_t, from->wire_t, sizeof f->wire_t);
     f->encrypt = encrypt;
     memcpy(f->wire_nonce, nonces + (size_t)f->rank * TERSE__WIRE_NONCE, TERSE__WIRE_NONCE);
     for (size_t p = 0; p < N; p++)
@@ -159,6 +160,18 @@ terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const u
     f->mac = 1;
     f->encrypt = encrypt;
     return TERSE_OK;
+}
+
+terse_status terse__fabric_set_keys(terse__fabric *f, const char *token, const uint8_t *nonces,
+                                    int encrypt) {
+    return set_keys(f, NULL, token, nonces, encrypt);
+}
+
+terse_status terse__fabric_set_keys_from(terse__fabric *f, const terse__fabric *from,
+                                         const uint8_t *nonces) {
+    if (!from || !from->mac)
+        return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_set_keys_from: the endpoint has no keys");
+    return set_keys(f, from, NULL, nonces, from->encrypt);
 }
 
 terse_status terse__fabric_rekey_peer(terse__fabric *f, int peer, const uint8_t *nonce) {
@@ -266,7 +279,22 @@ int terse__fabric_mac_ok(terse__fabric *f, const terse__fabric_req *r, size_t ch
     return CRYPTO_memcmp(want, got, TERSE__WIRE_MAC) == 0;
 }
 
+static uint64_t terse__fabric_auth_failures_own(const terse__fabric *f) {
+    uint64_t n = 0;
+    for (int p = 0; p < f->nranks; p++) n += f->auth_fail[p];
+    return n;
+}
+
 uint64_t terse__fabric_auth_failures(const terse__fabric *f, int peer) {
+    if (f && f->side) {
+        if (peer >= 0) {
+            const terse__fabric *via = terse__fabric_route((terse__fabric *)(uintptr_t)f, peer);
+            if (via != f) return terse__fabric_auth_failures(via, peer);
+        } else {
+            uint64_t n = terse__fabric_auth_failures(f->side, -1);
+            return n + (f->auth_fail ? terse__fabric_auth_failures_own(f) : 0);
+        }
+    }
     if (!f || !f->auth_fail) return 0;
     if (peer >= 0) return peer < f->nranks ? f->auth_fail[peer] : 0;
     uint64_t n = 0;
@@ -276,4 +304,5 @@ uint64_t terse__fabric_auth_failures(const terse__fabric *f, int peer) {
 
 void terse__fabric_set_epoch(terse__fabric *f, uint32_t epoch) {
     if (f) f->epoch = epoch;
+    if (f && f->side) f->side->epoch = epoch;
 }

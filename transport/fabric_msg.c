@@ -1,6 +1,7 @@
 /* Tagged messages over the endpoint: chunking, posting within the
- * provider's queue depths, completion progress, and waiting with a
- * deadline.
+ * provider's queue depths, and completion progress. Waiting, cancelling
+ * and the endings (quiesce, flush, abandon) are in fabric_wait.c; the
+ * sweep of rxm's unexpected queue ("Strangers") in fabric_sweep.c.
  *
  * A message of len bytes travels as chunks of at most chunk_bytes, chunk i
  * tagged (tag | i << 48) so that chunks match their receives whatever order
@@ -24,48 +25,27 @@
  * to free slots (oldest first). Two messages in flight with the same
  * (peer, tag) may match either way round: callers keep concurrent tags
  * distinct. */
-#include <sched.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/error.h"
 #include "transport/fabric_impl.h"
 
-/* Completions read per fi_cq_read call, and calls per progress round
- * (bounded so that new chunks are posted between batches). */
-#define CQ_BATCH 16
+/* fi_cq_read calls per progress round, of TERSE__CQ_BATCH completions
+ * each (bounded so that new chunks are posted between batches). */
 #define CQ_ROUNDS 8
-/* Idle progress rounds before we start yielding the CPU: ranks often share
- * cores, and a peer that is descheduled cannot send us anything. After a
- * longer silence (a straggler, a dead peer awaiting its timeout) we also
- * nap briefly each round, which costs at most that nap in latency. */
-#define IDLE_SPINS 16
-#define NAP_AFTER_NS 10000000u
-#define NAP_NS 20000
-#define ALIVE_PERIOD_NS 1000000u
-
-/* One idle round of a progress loop that saw no event for quiet_ns: nap
- * once that reaches nap_after_ns, else yield after `spins` idle rounds. */
-static void back_off(uint64_t quiet_ns, uint64_t nap_after_ns, unsigned *idle, unsigned spins) {
-    if (quiet_ns >= nap_after_ns) {
-        struct timespec nap = {0, NAP_NS};
-        nanosleep(&nap, NULL);
-    } else if (++*idle >= spins) {
-        sched_yield();
-    }
-}
 /* Largest message injected with its MAC (copied to the stack). */
 #define INJECT_STAGE 256
 
-static const char *dir_text(const terse__fabric_req *r) {
+const char *terse__fabric_dir_text(const terse__fabric_req *r) {
     return r->is_send ? "sending to" : "receiving from";
 }
 
 /* A failure leaves operations posted that point at caller memory, so the
  * fabric refuses everything but close from then on. */
-static terse_status fail(terse__fabric *f, terse_status st) {
+terse_status terse__fabric_fail(terse__fabric *f, terse_status st) {
     if (f->failed == TERSE_OK) f->failed = st;
     return st;
 }
@@ -89,15 +69,16 @@ static terse_status req_fail(terse__fabric *f, terse__fabric_req *r, terse_statu
             }
         return TERSE_OK;
     }
-    return fail(f, st);
+    return terse__fabric_fail(f, st);
 }
 
 /* A watchdog gave up on this fabric while we were inside the provider. */
-static terse_status abandoned(terse__fabric *f) {
-    return fail(f, TERSE_ERROR(TERSE_ERR_TIMEOUT,
-                               "rank %d: the transport was abandoned while inside %s (a peer "
-                               "stopped or died holding its lock)",
-                               f->rank, f->provider));
+terse_status terse__fabric_fail_abandoned(terse__fabric *f) {
+    return terse__fabric_fail(
+        f, TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                       "rank %d: the transport was abandoned while inside %s (a peer "
+                       "stopped or died holding its lock)",
+                       f->rank, f->provider));
 }
 
 static size_t chunk_len(const terse__fabric_op *op, size_t i) {
@@ -144,7 +125,7 @@ static void op_link(terse__fabric *f, terse__fabric_op *op) {
 }
 
 /* Unlink, release the registration, recycle. */
-static void op_put(terse__fabric *f, terse__fabric_op *op) {
+void terse__fabric_op_put(terse__fabric *f, terse__fabric_op *op) {
     if (op->prev) op->prev->next = op->next;
     else if (f->active_head == op) f->active_head = op->next;
     if (op->next) op->next->prev = op->prev;
@@ -153,38 +134,6 @@ static void op_put(terse__fabric *f, terse__fabric_op *op) {
     op->mr = NULL;
     op->next = f->op_free;
     f->op_free = op;
-}
-
-typedef struct terse__fabric_orphan {
-    terse__fabric_req req;
-    struct terse__fabric_orphan *next;
-} terse__fabric_orphan;
-
-void terse__fabric_release_ops(terse__fabric *f) {
-    f->repost = NULL; /* their ops go now */
-    f->local_done = NULL;
-    while (f->early_head) {
-        terse__fabric_early *e = f->early_head;
-        f->early_head = e->next;
-        free(e);
-    }
-    f->early_tail = NULL;
-    f->early_bytes = f->early_receiving = 0;
-    for (size_t i = 0; f->stage_mem && i < f->tx_slots + f->rx_slots; i++) f->slots[i].stage = NULL;
-    for (size_t i = 0; f->stage_mem && i < f->nstage; i++)
-        f->stage_free[i] = (uint8_t *)f->stage_mem + i * f->chunk_bytes;
-    if (f->stage_mem) f->nstage_free = f->nstage;
-    while (f->active_head) op_put(f, f->active_head);
-    while (f->orphans) {
-        terse__fabric_orphan *o = f->orphans;
-        f->orphans = o->next;
-        free(o);
-    }
-    while (f->op_free) {
-        terse__fabric_op *op = f->op_free;
-        f->op_free = op->next;
-        free(op);
-    }
 }
 
 /* Register the request's buffer where the provider demands it
@@ -200,9 +149,9 @@ static terse_status op_register(terse__fabric *f, terse__fabric_op *op) {
         if (ret == 0) ret = fi_mr_enable(op->mr);
     }
     if (ret != 0)
-        return TERSE_ERROR(TERSE_ERR_TRANSPORT,
-                           "rank %d: registering %zu bytes for %s rank %d on %s failed: %s",
-                           f->rank, r->len, dir_text(r), r->peer, f->provider, fi_strerror(-ret));
+        return TERSE_ERROR(
+            TERSE_ERR_TRANSPORT, "rank %d: registering %zu bytes for %s rank %d on %s failed: %s",
+            f->rank, r->len, terse__fabric_dir_text(r), r->peer, f->provider, fi_strerror(-ret));
     op->desc = fi_mr_desc(op->mr);
     return TERSE_OK;
 }
@@ -212,89 +161,19 @@ static terse_status op_register(terse__fabric *f, terse__fabric_op *op) {
 static terse_status post_error(terse__fabric *f, terse__fabric_req *r, size_t chunk,
                                int ret) {
     terse_status st = is_connection_error(-ret) ? TERSE_ERR_PEER_LOST : TERSE_ERR_TRANSPORT;
-    return req_fail(f, r, TERSE_ERROR(st, "rank %d: posting chunk %zu of %zu for %s rank %d (tag %#llx) "
-                                   "on %s failed: %s",
-                               f->rank, chunk, r->chunks, dir_text(r), r->peer,
-                               (unsigned long long)r->tag, f->provider, fi_strerror(-ret)));
-}
-
-/* ---------------------------------------------------------------- strangers
- *
- * rxm only: tcp (libfabric's net) stops reading a connection at a message
- * no posted receive matches, so a stranger's bytes stay in the sockets.
- *
- * tcp;ofi_rxm accepts a connection from any address. A message that
- * arrives on one from an address that is no rank's matches no receive we
- * post (ours name their source), so rxm keeps it in its unexpected queue
- * forever: 100,000 messages of 4 KiB grew a rank by 1.6 GB, and the
- * queue's length made every receive so slow that the peer timed out. rxm
- * cannot be told to refuse them, and the queue is reachable only through
- * peeks, so with TERSE_SWEEP=1 (off by default: SECURITY.md says why) the
- * progress loop sweeps it:
- *
- *  - every SWEEP_NS, a peek at the oldest message (any source). If no
- *    other rank has a message with its tag queued, it is a stranger's (or
- *    a marker of ours, see below): drain.
- *  - A drain sends this rank a marker (an unguessable tag, chunk index
- *    0xffff, which no chunk uses) and, once the marker is queued, moves
- *    every rank's queued message out of the queue into the early store
- *    (terse's memory, at most EARLY_BUDGET bytes, oldest evicted, where
- *    the receive finds it when it is posted and authenticates it as if it
- *    had just arrived). What is left ahead of the marker is strangers'
- *    only: discarding peeks drop the oldest message until the marker.
- *  - After a stranger's message, every progress round drains for
- *    ATTACK_NS.
- *
- * Only eager messages (at most rxm's eager limit) are moved: a claimed
- * larger one makes rxm read it from its sender, and rxm 1.17 crashes when
- * that sender's connection has closed. While a rank's larger message waits
- * in the queue for its receive, the drain waits too. Discarding never
- * reads, so a stranger's message of any size is dropped safely.
- *
- * The peak held during a fast flood is not bounded: every peek also runs
- * rxm's progress, which reads more from the sockets (SECURITY.md). The
- * cost without an attack is one peek per SWEEP_NS. */
-#define SWEEP_NS 100000000u
-#define SWEEP_MAX 16384
-#define EARLY_BUDGET ((size_t)32 << 20)
-#define ATTACK_NS 1000000000u   /* drain every round this long after a stranger's message */
-#define MARKER_LOST_NS 1000000000u /* a marker not seen this long is given up */
-
-static terse__fabric_early *early_find(terse__fabric *f, int peer, uint64_t tag,
-                                       terse__fabric_early **prev) {
-    terse__fabric_early *q = NULL;
-    for (terse__fabric_early *e = f->early_head; e; q = e, e = e->next)
-        if (e->peer == peer && e->tag == tag && e->state != TERSE__EARLY_DISCARDING) {
-            if (prev) *prev = q;
-            return e;
-        }
-    return NULL;
-}
-
-static void early_unlink(terse__fabric *f, terse__fabric_early *e, terse__fabric_early *prev) {
-    if (prev) prev->next = e->next;
-    else f->early_head = e->next;
-    if (f->early_tail == e) f->early_tail = prev;
-    f->early_bytes -= e->len;
-}
-
-/* The chunk (peer, tag) from the early store into p (n bytes) and mac:
- * 1 and its length in *got, 0 while its bytes are still
- * coming, -1 when the store has none. */
-static int early_take(terse__fabric *f, int peer, uint64_t tag, uint8_t *p, size_t n,
-                      uint8_t *mac, size_t *got) {
-    terse__fabric_early *prev = NULL, *e = early_find(f, peer, tag, &prev);
-    if (!e) return -1;
-    if (e->state != TERSE__EARLY_READY) return 0;
-    const size_t extra = f->mac ? TERSE__WIRE_MAC : 0;
-    size_t body = e->got >= extra ? e->got - extra : 0;
-    if (p && body) memcpy(p, e->data, body < n ? body : n);
-    if (extra && e->got >= extra) memcpy(mac, e->data + body, extra);
-    else if (extra) memset(mac, 0, extra);
-    *got = e->got;
-    early_unlink(f, e, prev);
-    free(e);
-    return 1;
+    /* net opens its connection to a peer at the first message: out of
+     * descriptors, that fails here (SECURITY.md, strangers on tcp) */
+    const int no_fds = ret == -FI_EMFILE || ret == -ENFILE;
+    return req_fail(f, r,
+                    TERSE_ERROR(st,
+                                "rank %d: posting chunk %zu of %zu for %s rank %d (tag %#llx) "
+                                "on %s failed: %s%s",
+                                f->rank, chunk, r->chunks, terse__fabric_dir_text(r), r->peer,
+                                (unsigned long long)r->tag, f->provider, fi_strerror(-ret),
+                                no_fds ? "; this process is at its file-descriptor limit "
+                                         "(RLIMIT_NOFILE, ulimit -n), so no connection to the "
+                                         "peer could be opened"
+                                       : ""));
 }
 
 /* Post chunk i of op into slot s: one iov, or with TERSE_WIRE=mac two --
@@ -313,7 +192,7 @@ static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_sl
     }
     if (!r->is_send && f->early_head) { /* claimed out of the provider's queue already? */
         size_t got = 0;
-        int has = early_take(f, r->peer, tag, p, n, s->mac, &got);
+        int has = terse__fabric_early_take(f, r->peer, tag, p, n, s->mac, &got);
         if (has == 0) return -FI_EAGAIN; /* its bytes are still on the way */
         if (has > 0) {                   /* completes in the next progress round */
             s->local_got = got;
@@ -356,8 +235,8 @@ static ssize_t post_one(terse__fabric *f, terse__fabric_op *op, terse__fabric_sl
     }
     terse__fabric_leave(f);
     if (f->trace_tags && ret == 0)
-        fprintf(stderr, "terse trace: rank %d posted %s rank %d tag %#llx (%zu bytes)\n", f->rank,
-                r->is_send ? "a send to" : "a receive from", r->peer, (unsigned long long)tag, n);
+        fprintf(stderr, "terse trace: rank %d (%s) posted %s rank %d tag %#llx (%zu bytes)\n",
+                f->rank, f->provider, r->is_send ? "a send to" : "a receive from", r->peer, (unsigned long long)tag, n);
     if (ret != 0 && stage) { /* not posted: the staging buffer goes back */
         f->stage_free[f->nstage_free++] = stage;
         s->stage = NULL;
@@ -381,7 +260,7 @@ static terse_status post_chunks(terse__fabric *f, terse__fabric_op *op, int *ful
         }
         size_t i = r->posted, n = chunk_len(op, i);
         ssize_t ret = post_one(f, op, s, i);
-        if (atomic_load(&f->abandoned)) return abandoned(f);
+        if (atomic_load(&f->abandoned)) return terse__fabric_fail_abandoned(f);
         if (ret == -FI_EAGAIN) {
             *full = 1;
             return TERSE_OK;
@@ -395,10 +274,8 @@ static terse_status post_chunks(terse__fabric *f, terse__fabric_op *op, int *ful
     return TERSE_OK;
 }
 
-static void slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send);
-
 /* Give every active request its chance to post, oldest first. */
-static terse_status post_pending(terse__fabric *f) {
+terse_status terse__fabric_post_pending(terse__fabric *f) {
     /* First the receives a forged chunk consumed (their slots are held,
      * and still counted in their op's inflight). */
     while (f->repost) {
@@ -407,11 +284,11 @@ static terse_status post_pending(terse__fabric *f) {
         if (op->req->error) { /* the request failed meanwhile: the slot goes back */
             f->repost = s->next_free;
             op->inflight--;
-            slot_put(f, s, 0);
+            terse__fabric_slot_put(f, s, 0);
             continue;
         }
         ssize_t ret = post_one(f, op, s, s->chunk);
-        if (atomic_load(&f->abandoned)) return abandoned(f);
+        if (atomic_load(&f->abandoned)) return terse__fabric_fail_abandoned(f);
         if (ret == -FI_EAGAIN) {
             s->op = op; /* post_one let go of it: it stays ours, to post later */
             break;
@@ -420,7 +297,7 @@ static terse_status post_pending(terse__fabric *f) {
         if (ret != 0) {
             size_t chunk = s->chunk;
             op->inflight--;
-            slot_put(f, s, 0);
+            terse__fabric_slot_put(f, s, 0);
             TERSE_CHECK(post_error(f, op->req, chunk, (int)ret)); /* tolerant: it failed alone */
         }
     }
@@ -458,7 +335,7 @@ static int try_inject(terse__fabric *f, terse__fabric_req *r, terse_status *st) 
     ssize_t ret = fi_tinject(f->ep, src, r->len + extra, f->addrs[r->peer], r->tag);
     terse__fabric_leave(f);
     if (atomic_load(&f->abandoned)) {
-        *st = abandoned(f);
+        *st = terse__fabric_fail_abandoned(f);
         return 1;
     }
     if (ret == -FI_EAGAIN) return 0;
@@ -474,7 +351,7 @@ static int try_inject(terse__fabric *f, terse__fabric_req *r, terse_status *st) 
     return 1;
 }
 
-static terse__fabric_op *op_of(const terse__fabric *f, const terse__fabric_req *r) {
+terse__fabric_op *terse__fabric_op_of(const terse__fabric *f, const terse__fabric_req *r) {
     for (terse__fabric_op *op = f->active_head; op; op = op->next)
         if (op->req == r) return op;
     return NULL;
@@ -530,7 +407,7 @@ static terse_status start(terse__fabric *f, int is_send, int peer, uint64_t tag,
     if (f->register_mr && len) {
         st = op_register(f, op);
         if (st != TERSE_OK) {
-            op_put(f, op);
+            terse__fabric_op_put(f, op);
             return st;
         }
     }
@@ -542,24 +419,44 @@ terse_status terse__fabric_isend(terse__fabric *f, int peer, uint64_t tag, const
                                  size_t len, terse__fabric_req *req) {
     /* The buffer is only read; req->buf is non-const because it serves both
      * directions. */
-    return start(f, 1, peer, tag, (void *)(uintptr_t)buf, len, req, 0);
+    return start(terse__fabric_route(f, peer), 1, peer, tag, (void *)(uintptr_t)buf, len, req, 0);
 }
 
 terse_status terse__fabric_irecv(terse__fabric *f, int peer, uint64_t tag, void *buf, size_t len,
                                  terse__fabric_req *req) {
-    return start(f, 0, peer, tag, buf, len, req, 0);
+    return start(terse__fabric_route(f, peer), 0, peer, tag, buf, len, req, 0);
 }
 
-size_t terse__fabric_sink_bytes(const terse__fabric *f) { return f ? f->chunk_bytes : 0; }
+size_t terse__fabric_sink_bytes(const terse__fabric *f) {
+    if (!f) return 0;
+    /* a sink buffer serves either endpoint: the larger chunk */
+    return f->side && f->side->chunk_bytes > f->chunk_bytes ? f->side->chunk_bytes : f->chunk_bytes;
+}
 
 terse_status terse__fabric_irecv_sink(terse__fabric *f, int peer, uint64_t tag, void *buf,
                                       size_t len, terse__fabric_req *req) {
-    return start(f, 0, peer, tag, buf, len, req, 1);
+    return start(terse__fabric_route(f, peer), 0, peer, tag, buf, len, req, 1);
+}
+
+void terse__fabric_keep_open(terse__fabric *f) {
+    if (f) f->keep_open = 1;
+}
+
+void terse__fabric_small_chunks_on_shm(terse__fabric *f) {
+    if (f && f->side) terse__fabric_small_chunks_on_shm(f->side);
+    if (!f || strcmp(f->provider, "shm") != 0) return;
+    size_t cap = 4096 - ((f->mac || f->encrypt) ? TERSE__WIRE_MAC : 0); /* SMR_INJECT_SIZE */
+    if (f->chunk_bytes > cap) f->chunk_bytes = cap;
+}
+
+void terse__fabric_test_tamper(terse__fabric *f, unsigned every_k) {
+    if (f) f->tamper_every = every_k;
+    if (f && f->side) f->side->tamper_every = every_k;
 }
 
 /* ---------------------------------------------------------------- completions */
 
-static void slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send) {
+void terse__fabric_slot_put(terse__fabric *f, terse__fabric_slot *s, int is_send) {
     terse__fabric_slot **pool = is_send ? &f->tx_free : &f->rx_free;
     s->op = NULL; /* not posted: quiesce cancels only slots with an op */
     if (s->stage) { /* encrypt: a send's staging buffer is free again */
@@ -619,7 +516,7 @@ static terse_status complete(terse__fabric *f, terse__fabric_slot *s, size_t got
         fprintf(stderr, "terse trace: rank %d completed %s rank %d tag %#llx\n", f->rank,
                 r->is_send ? "a send to" : "a receive from", r->peer,
                 (unsigned long long)(r->tag | ((uint64_t)s->chunk << TERSE__TAG_BITS)));
-    slot_put(f, s, r->is_send);
+    terse__fabric_slot_put(f, s, r->is_send);
     op->inflight--;
     if (!r->is_send) {
         /* Equal lengths are the contract; a shorter message means the
@@ -636,31 +533,15 @@ static terse_status complete(terse__fabric *f, terse__fabric_slot *s, size_t got
         f->bytes_recv += got;
     }
     op->bytes_done += want;
-    if (++r->done == r->chunks) op_put(f, op);
+    if (++r->done == r->chunks) terse__fabric_op_put(f, op);
     return TERSE_OK;
 }
 
-static int is_slot(const terse__fabric *f, const void *ctx) {
+int terse__fabric_is_slot(const terse__fabric *f, const void *ctx) {
     const terse__fabric_slot *s = ctx;
     return s >= f->slots && s < f->slots + f->tx_slots + f->rx_slots;
 }
 
-/* A claim's bytes arrived (or failed: the entry goes). */
-static void early_done(terse__fabric *f, void *ctx, size_t len, int failed) {
-    terse__fabric_early *e = ctx, *prev = NULL;
-    for (terse__fabric_early *q = f->early_head; q && q != e; q = q->next) prev = q;
-    if (prev ? prev->next != e : f->early_head != e) return; /* not ours: ignore */
-    if (e->state == TERSE__EARLY_RECEIVING && f->early_receiving) f->early_receiving--;
-    if (failed || e->state == TERSE__EARLY_DISCARDING) {
-        early_unlink(f, e, prev);
-        free(e);
-        return;
-    }
-    e->state = TERSE__EARLY_READY;
-    e->got = len;
-}
-
-/* A completion that is not a posted chunk's: a peek's answer or a claim's. */
 /* One of terse__fabric_flush's sends: its index, or -1. */
 static int flush_index(const terse__fabric *f, const void *ctx) {
     const struct fi_context2 *c = ctx;
@@ -668,6 +549,7 @@ static int flush_index(const terse__fabric *f, const void *ctx) {
     return (int)(c - f->flush_ctx);
 }
 
+/* A completion that is not a posted chunk's: a peek's answer or a claim's. */
 static void other_done(terse__fabric *f, const struct fi_cq_tagged_entry *ent) {
     int k = flush_index(f, ent->op_context);
     if (k >= 0) {
@@ -680,7 +562,7 @@ static void other_done(terse__fabric *f, const struct fi_cq_tagged_entry *ent) {
         f->peek_len = ent->len;
         return;
     }
-    early_done(f, ent->op_context, ent->len, 0);
+    terse__fabric_early_done(f, ent->op_context, ent->len, 0);
 }
 
 static terse_status complete_error(terse__fabric *f) {
@@ -688,25 +570,27 @@ static terse_status complete_error(terse__fabric *f) {
     memset(&e, 0, sizeof e);
     ssize_t ret = fi_cq_readerr(f->cq, &e, 0);
     if (ret < 0)
-        return fail(f, TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: fi_cq_readerr on %s failed: %s",
-                                   f->rank, f->provider, fi_strerror((int)-ret)));
+        return terse__fabric_fail(f, TERSE_ERROR(TERSE_ERR_TRANSPORT,
+                                                 "rank %d: fi_cq_readerr on %s failed: %s", f->rank,
+                                                 f->provider, fi_strerror((int)-ret)));
     char why[160];
     const char *txt = fi_cq_strerror(f->cq, e.prov_errno, e.err_data, why, sizeof why);
     /* Some providers (shm in 1.17) report err negated. */
     int err = e.err < 0 ? -e.err : e.err;
-    if (e.op_context && !is_slot(f, e.op_context)) { /* a peek found nothing, or a claim failed */
+    if (e.op_context && !terse__fabric_is_slot(f, e.op_context)) {
+        /* a peek found nothing, or a claim failed */
         int k = flush_index(f, e.op_context);
         if (k >= 0) f->flush_state[k] = 2;
         else if (e.op_context == f->peek_wait && f->peek_state == 0) f->peek_state = 2;
-        else early_done(f, e.op_context, 0, 1);
+        else terse__fabric_early_done(f, e.op_context, 0, 1);
         return TERSE_OK;
     }
     terse__fabric_slot *s = e.op_context;
     if (!s || !s->op)
-        return fail(f, TERSE_ERROR(is_connection_error(err) ? TERSE_ERR_PEER_LOST
-                                                            : TERSE_ERR_TRANSPORT,
-                                   "rank %d: %s reported an error on no request: %s (%s)",
-                                   f->rank, f->provider, fi_strerror(err), txt ? txt : ""));
+        return terse__fabric_fail(
+            f, TERSE_ERROR(is_connection_error(err) ? TERSE_ERR_PEER_LOST : TERSE_ERR_TRANSPORT,
+                           "rank %d: %s reported an error on no request: %s (%s)", f->rank,
+                           f->provider, fi_strerror(err), txt ? txt : ""));
     terse__fabric_req *r = s->op->req;
     terse_status st;
     if (err == FI_ETRUNC && f->mac && !r->is_send)
@@ -724,7 +608,7 @@ static terse_status complete_error(terse__fabric *f) {
         st = TERSE_ERROR(TERSE_ERR_PEER_LOST,
                          "rank %d: lost rank %d while %s it (tag %#llx, %zu of %zu bytes done) "
                          "on %s: %s (%s)%s",
-                         f->rank, r->peer, dir_text(r), (unsigned long long)r->tag,
+                         f->rank, r->peer, terse__fabric_dir_text(r), (unsigned long long)r->tag,
                          s->op->bytes_done, r->len, f->provider, fi_strerror(err),
                          txt ? txt : "",
                          err == FI_ECANCELED && f->sweep
@@ -733,268 +617,59 @@ static terse_status complete_error(terse__fabric *f) {
                              : "");
     else
         st = TERSE_ERROR(TERSE_ERR_TRANSPORT,
-                         "rank %d: %s rank %d (tag %#llx) failed on %s: %s (%s)", f->rank,
-                         dir_text(r), r->peer, (unsigned long long)r->tag, f->provider,
-                         fi_strerror(err), txt ? txt : "");
+                         "rank %d: %s rank %d (tag %#llx) failed on %s: %s (%s)%s", f->rank,
+                         terse__fabric_dir_text(r), r->peer, (unsigned long long)r->tag,
+                         f->provider, fi_strerror(err), txt ? txt : "",
+                         err == FI_EMFILE || err == ENFILE
+                             ? "; this process is at its file-descriptor limit (RLIMIT_NOFILE, "
+                               "ulimit -n)"
+                             : "");
     if (f->tolerant) { /* the chunk came back: its slot is free */
         s->op->inflight--;
-        slot_put(f, s, r->is_send);
+        terse__fabric_slot_put(f, s, r->is_send);
     }
     return req_fail(f, r, st);
 }
 
 /* Drain the CQ (manual progress happens inside fi_cq_read). *events
  * counts completions seen. */
-static terse_status read_cq(terse__fabric *f, size_t *events) {
-    struct fi_cq_tagged_entry ent[CQ_BATCH];
+terse_status terse__fabric_read_cq(terse__fabric *f, size_t *events) {
+    struct fi_cq_tagged_entry ent[TERSE__CQ_BATCH];
     for (int round = 0; round < CQ_ROUNDS; round++) {
         terse__fabric_enter(f, -1, "fi_cq_read");
-        ssize_t n = fi_cq_read(f->cq, ent, CQ_BATCH);
+        /* net reads a stale errno as its own when a connection that never
+         * spoke closes; cleared, it frees that connection (fabric_reap.c) */
+        if (f->reap) errno = 0;
+        ssize_t n = fi_cq_read(f->cq, ent, TERSE__CQ_BATCH);
         terse__fabric_leave(f);
-        if (atomic_load(&f->abandoned)) return abandoned(f);
+        if (atomic_load(&f->abandoned)) return terse__fabric_fail_abandoned(f);
         if (n == -FI_EAGAIN) return TERSE_OK;
         if (n == -FI_EAVAIL) { /* one error entry; the next round reads on */
             TERSE_CHECK(complete_error(f));
             continue;
         }
         if (n < 0)
-            return fail(f, TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: fi_cq_read on %s failed: %s",
-                                       f->rank, f->provider, fi_strerror((int)-n)));
+            return terse__fabric_fail(f, TERSE_ERROR(TERSE_ERR_TRANSPORT,
+                                                     "rank %d: fi_cq_read on %s failed: %s",
+                                                     f->rank, f->provider, fi_strerror((int)-n)));
         for (ssize_t k = 0; k < n; k++) {
             /* Only our posted chunks carry a context (inject has none). */
             if (!ent[k].op_context) continue;
-            if (is_slot(f, ent[k].op_context)) {
+            if (terse__fabric_is_slot(f, ent[k].op_context)) {
                 TERSE_CHECK(complete(f, ent[k].op_context, ent[k].len));
                 (*events)++; /* only our chunks count as progress: a flood must not */
             } else {
                 other_done(f, &ent[k]);
             }
         }
-        if (n < CQ_BATCH) return TERSE_OK;
+        if (n < TERSE__CQ_BATCH) return TERSE_OK;
     }
     return TERSE_OK;
-}
-
-/* Post a peek (FI_PEEK, with FI_DISCARD or FI_CLAIM in flags) on behalf
- * of ctx and wait for its answer, completing what else the CQ holds
- * meanwhile. 1: found (f->peek_tag, f->peek_len), 0: none, -1: *st. */
-static int peek(terse__fabric *f, fi_addr_t src, uint64_t tag, uint64_t ignore, uint64_t flags,
-                void *ctx, terse_status *st) {
-    struct fi_msg_tagged m;
-    memset(&m, 0, sizeof m);
-    m.addr = src;
-    m.tag = tag;
-    m.ignore = ignore;
-    m.context = ctx;
-    f->peek_wait = ctx;
-    f->peek_state = 0;
-    terse__fabric_enter(f, -1, "fi_trecvmsg(FI_PEEK)");
-    ssize_t ret = fi_trecvmsg(f->ep, &m, flags | FI_PEEK);
-    terse__fabric_leave(f);
-    if (atomic_load(&f->abandoned)) {
-        *st = abandoned(f);
-        return -1;
-    }
-    /* rxm answers at once (the answer is in the CQ before the call
-     * returns); the bound only guards against a provider that does not. */
-    for (int k = 0; ret == 0 && f->peek_state == 0 && k < 1000; k++) {
-        size_t ev = 0;
-        *st = read_cq(f, &ev);
-        if (*st != TERSE_OK) return -1;
-    }
-    f->peek_wait = NULL;
-    int found = ret == 0 && f->peek_state == 1;
-    f->peek_state = 0;
-    return found;
-}
-
-static void early_evict(terse__fabric *f) {
-    terse__fabric_early *prev = NULL;
-    for (terse__fabric_early *e = f->early_head; e; prev = e, e = e->next) {
-        if (e->state != TERSE__EARLY_READY) continue;
-        uint64_t n = ++f->early_evicted;
-        if ((n & (n - 1)) == 0)
-            fprintf(stderr,
-                    "terse: rank %d: the store for messages moved out of the provider's queue is "
-                    "full (%zu MiB): dropped the oldest, %zu bytes from rank %d (tag %#llx; %llu "
-                    "dropped so far); its receive will time out\n",
-                    f->rank, EARLY_BUDGET >> 20, e->len, e->peer, (unsigned long long)e->tag,
-                    (unsigned long long)n);
-        early_unlink(f, e, prev);
-        free(e);
-        return;
-    }
-}
-
-/* Post the receive of a claimed message into its entry (or, for one
- * marked DISCARDING, drop it); -FI_EAGAIN (rxm is out of receive entries)
- * leaves it claimed, to be posted again. */
-static terse_status claim_post(terse__fabric *f, terse__fabric_early *e) {
-    const int drop = e->state == TERSE__EARLY_DISCARDING;
-    struct iovec iov = {e->data, e->len};
-    struct fi_msg_tagged m;
-    memset(&m, 0, sizeof m);
-    m.msg_iov = e->len && !drop ? &iov : NULL;
-    m.iov_count = e->len && !drop ? 1 : 0;
-    m.addr = f->addrs[e->peer];
-    m.tag = e->tag;
-    m.context = &e->ctx;
-    terse__fabric_enter(f, e->peer, "fi_trecvmsg(FI_CLAIM)");
-    ssize_t ret = fi_trecvmsg(f->ep, &m, FI_CLAIM | (drop ? FI_DISCARD : 0));
-    terse__fabric_leave(f);
-    if (atomic_load(&f->abandoned)) return abandoned(f);
-    if (ret == -FI_EAGAIN && !drop) return TERSE_OK; /* still TERSE__EARLY_CLAIMING */
-    if (ret != 0) {
-        early_done(f, e, 0, 1);
-        return TERSE_OK;
-    }
-    if (!drop) {
-        e->state = TERSE__EARLY_RECEIVING;
-        f->early_receiving++;
-    }
-    return TERSE_OK;
-}
-
-/* Move peer's oldest queued message (tag, len bytes: eager) into the
- * early store; *removed says whether it left the queue. */
-static terse_status claim(terse__fabric *f, int peer, uint64_t tag, size_t len, int *removed) {
-    terse_status st = TERSE_OK;
-    *removed = 0;
-    if (len > f->rxm_eager || f->register_mr || f->early_receiving >= TERSE__EARLY_RECEIVING_MAX)
-        return TERSE_OK;
-    while (f->early_bytes + len > EARLY_BUDGET) {
-        size_t before = f->early_bytes;
-        early_evict(f);
-        if (f->early_bytes == before) return TERSE_OK; /* all still on the way */
-    }
-    terse__fabric_early *e = malloc(sizeof *e + (len ? len : 1));
-    if (!e) return TERSE_OK; /* it stays queued; the next drain tries again */
-    memset(e, 0, sizeof *e);
-    e->peer = peer;
-    e->tag = tag;
-    e->len = len;
-    e->state = TERSE__EARLY_CLAIMING;
-    int got = peek(f, f->addrs[peer], tag, 0, FI_CLAIM, &e->ctx, &st);
-    if (got <= 0) {
-        free(e);
-        return got < 0 ? st : TERSE_OK;
-    }
-    /* The claim took peer's oldest message with this tag: the one looked
-     * at, so of this length. Never receive into less, all the same. */
-    if (f->peek_len < len) e->len = f->peek_len;
-    if (f->peek_len > len) e->state = TERSE__EARLY_DISCARDING;
-    if (f->early_tail) f->early_tail->next = e;
-    else f->early_head = e;
-    f->early_tail = e;
-    f->early_bytes += e->len;
-    *removed = 1; /* a DISCARDING one is dropped: its receive times out naming peer */
-    return claim_post(f, e);
-}
-
-/* Does another rank have a message with this tag queued? *owner: which
- * (-1: none). One scan of the queue per rank. */
-static terse_status head_owner(terse__fabric *f, uint64_t tag, int *owner) {
-    terse_status st = TERSE_OK;
-    *owner = -1;
-    for (int p = 0; p < f->nranks; p++) {
-        if (p == f->rank) continue; /* ranks send themselves nothing but markers */
-        int got = peek(f, f->addrs[p], tag, 0, 0, &f->peek_ctx, &st);
-        if (got < 0) return st;
-        if (got) {
-            *owner = p;
-            return TERSE_OK;
-        }
-    }
-    return TERSE_OK;
-}
-
-static void count_stranger(terse__fabric *f) {
-    uint64_t n = ++f->stranger_drops;
-    if (n == 1 || ((n & (n - 1)) == 0 && n >= 1024))
-        fprintf(stderr,
-                "terse: rank %d: dropped %llu message%s from addresses that are no rank of this "
-                "job: a process outside the job is sending to this rank's port\n",
-                f->rank, (unsigned long long)n, n == 1 ? "" : "s");
-}
-
-/* See "Strangers" above. */
-static terse_status drain(terse__fabric *f) {
-    terse_status st = TERSE_OK;
-    const uint64_t now = terse__now_ns();
-    if (f->marker_pending && now - f->marker_sent_ns > MARKER_LOST_NS) f->marker_pending = 0;
-    if (!f->marker_pending) {
-        uint64_t x = f->marker_rng ? f->marker_rng : (now | 1) ^ ((uint64_t)f->rank << 32);
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        f->marker_rng = x;
-        f->marker_tag = TERSE__MARKER_CHUNK | (x & (((uint64_t)1 << TERSE__TAG_BITS) - 1)) | 1;
-        static const uint8_t none = 0;
-        terse__fabric_enter(f, f->rank, "fi_tinject");
-        ssize_t ret = fi_tinject(f->ep, &none, 0, f->addrs[f->rank], f->marker_tag);
-        terse__fabric_leave(f);
-        if (atomic_load(&f->abandoned)) return abandoned(f);
-        if (ret != 0) return TERSE_OK; /* -FI_EAGAIN (connecting to ourselves): next round */
-        f->marker_pending = 1;
-        f->marker_sent_ns = now;
-    }
-    /* The marker arrives within our own progress: one look per drain
-     * (each look scans the queue and reads more from the sockets). Any
-     * source: the tag is unguessable. */
-    int got = peek(f, FI_ADDR_UNSPEC, f->marker_tag, 0, 0, &f->peek_ctx, &st);
-    if (got <= 0) return got < 0 ? st : TERSE_OK;
-    /* Claims rxm had no room to post yet go first. */
-    for (terse__fabric_early *e = f->early_head; e; e = e->next)
-        if (e->state == TERSE__EARLY_CLAIMING) {
-            TERSE_CHECK(claim_post(f, e));
-            if (e->state == TERSE__EARLY_CLAIMING) return TERSE_OK; /* still no room */
-        }
-    /* Every rank's queued message into the store. */
-    for (int p = 0; p < f->nranks; p++) {
-        if (p == f->rank) continue;
-        for (int k = 0;; k++) {
-            got = peek(f, f->addrs[p], 0, ~(uint64_t)0, 0, &f->peek_ctx, &st);
-            if (got < 0) return st;
-            if (!got) break;
-            int removed = 0;
-            TERSE_CHECK(claim(f, p, f->peek_tag, f->peek_len, &removed));
-            if (!removed || k > 256) return TERSE_OK; /* it waits for its receive: so do we */
-        }
-    }
-    /* Strangers' only, up to the marker: discard the oldest (a discard
-     * never reads from the sender, whatever the size). */
-    for (int k = 0; k < SWEEP_MAX; k++) {
-        got = peek(f, FI_ADDR_UNSPEC, 0, ~(uint64_t)0, FI_DISCARD, &f->peek_ctx, &st);
-        if (got <= 0) return got < 0 ? st : TERSE_OK;
-        if (f->peek_tag == f->marker_tag) {
-            f->marker_pending = 0;
-            return TERSE_OK;
-        }
-        count_stranger(f);
-        f->attack_until_ns = terse__now_ns() + ATTACK_NS;
-    }
-    return TERSE_OK;
-}
-
-static terse_status sweep(terse__fabric *f) {
-    uint64_t now = terse__now_ns();
-    /* Strangers were seen lately: drain every round, whatever heads the
-     * queue (a rank's early message there would shelter them). */
-    if (now < f->attack_until_ns) return drain(f);
-    if (now - f->sweep_last_ns < SWEEP_NS) return TERSE_OK;
-    f->sweep_last_ns = now;
-    terse_status st = TERSE_OK;
-    int got = peek(f, FI_ADDR_UNSPEC, 0, ~(uint64_t)0, 0, &f->peek_ctx, &st);
-    if (got <= 0) return got < 0 ? st : TERSE_OK;
-    if ((f->peek_tag & TERSE__MARKER_CHUNK) == TERSE__MARKER_CHUNK) return drain(f);
-    int owner;
-    TERSE_CHECK(head_owner(f, f->peek_tag, &owner));
-    /* A rank's message waits there for its receive; anything else is a
-     * stranger's. */
-    return owner < 0 ? drain(f) : TERSE_OK;
 }
 
 /* Receives filled from the early store complete here, then (rxm) the
  * sweep, then the CQ is drained. */
-static terse_status progress(terse__fabric *f, size_t *events) {
+terse_status terse__fabric_poll(terse__fabric *f, size_t *events) {
     while (f->local_done) {
         terse__fabric_slot *s = f->local_done;
         f->local_done = s->local_next;
@@ -1008,370 +683,11 @@ static terse_status progress(terse__fabric *f, size_t *events) {
      * connection). */
     if (f->sweep && f->addrs && !f->sweeping) {
         f->sweeping = 1;
-        terse_status st = sweep(f);
+        terse_status st = terse__fabric_sweep(f);
         f->sweeping = 0;
         TERSE_CHECK(st);
     }
-    return read_cq(f, events);
-}
-
-uint64_t terse__fabric_stranger_drops(const terse__fabric *f) { return f ? f->stranger_drops : 0; }
-
-/* Tolerant mode: recycle the state of failed requests once nothing of
- * theirs is posted any more. */
-static void sweep_failed(terse__fabric *f) {
-    terse__fabric_op *op = f->active_head;
-    while (op) {
-        terse__fabric_op *next = op->next;
-        if (op->req->error && op->inflight == 0) op_put(f, op);
-        op = next;
-    }
-}
-
-void terse__fabric_set_tolerant(terse__fabric *f) {
-    if (f) f->tolerant = 1;
-}
-
-terse_status terse__fabric_progress(terse__fabric *f, size_t *events) {
-    if (!f || !events) return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_progress: NULL argument");
-    *events = 0;
-    if (f->failed)
-        return TERSE_ERROR(f->failed, "rank %d: the transport failed earlier; it can only be closed",
-                           f->rank);
-    TERSE_CHECK(progress(f, events));
-    TERSE_CHECK(post_pending(f));
-    if (f->tolerant) sweep_failed(f);
-    return TERSE_OK;
-}
-
-/* Give back the slots of op (every op: NULL) waiting in the repost list. */
-static void unrepost(terse__fabric *f, terse__fabric_op *op) {
-    terse__fabric_slot **pp = &f->repost;
-    while (*pp) {
-        terse__fabric_slot *s = *pp;
-        if (op && s->op != op) {
-            pp = &s->next_free;
-            continue;
-        }
-        *pp = s->next_free;
-        if (s->op && s->op->inflight) s->op->inflight--;
-        slot_put(f, s, 0);
-    }
-}
-
-
-int terse__fabric_req_idle(const terse__fabric *f, const terse__fabric_req *r) {
-    if (!r->error) return r->done >= r->chunks;
-    return op_of(f, r) == NULL;
-}
-
-int terse__fabric_cancel(terse__fabric *f, terse__fabric_req *r) {
-    if (!f || !r || !f->ep) return 1;
-    terse__fabric_op *op = op_of(f, r);
-    if (!op) return 1;
-    if (!f->tolerant) return 0;
-    if (!r->error) r->error = TERSE_ERR_ABORTED; /* post nothing more of it */
-    unrepost(f, op);
-    for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
-        if (f->slots[i].op == op) {
-            terse__fabric_enter(f, r->peer, "fi_cancel");
-            (void)fi_cancel(&f->ep->fid, &f->slots[i].ctx);
-            terse__fabric_leave(f);
-        }
-    uint64_t until = terse__now_ns() + 100000000ull;
-    for (;;) {
-        op = op_of(f, r);
-        if (!op) return 1; /* it completed meanwhile and was recycled */
-        unrepost(f, op);
-        if (!op->inflight) {
-            op_put(f, op);
-            return 1;
-        }
-        if (terse__now_ns() >= until || f->failed) return 0;
-        size_t ev = 0;
-        if (progress(f, &ev) != TERSE_OK) return 0;
-        if (!ev) sched_yield();
-    }
-}
-
-void terse__fabric_small_chunks_on_shm(terse__fabric *f) {
-    if (!f || strcmp(f->provider, "shm") != 0) return;
-    size_t cap = 4096 - ((f->mac || f->encrypt) ? TERSE__WIRE_MAC : 0); /* SMR_INJECT_SIZE */
-    if (f->chunk_bytes > cap) f->chunk_bytes = cap;
-}
-
-int terse__fabric_give_up(terse__fabric *f, terse__fabric_req *r) {
-    if (!f || !r) return 1;
-    if (!f->tolerant) return 0;
-    terse__fabric_op *op = op_of(f, r);
-    if (!op) return 1;
-    terse__fabric_orphan *o = malloc(sizeof *o);
-    if (!o) return 0;
-    o->req = *r; /* what completes of it later counts here */
-    if (!o->req.error) o->req.error = TERSE_ERR_ABORTED; /* post nothing more of it */
-    o->next = f->orphans;
-    f->orphans = o;
-    for (; op; op = op_of(f, r)) {
-        unrepost(f, op);
-        op->req = &o->req;
-    }
-    if (!r->error) r->error = TERSE_ERR_ABORTED;
-    return 1;
-}
-
-int terse__fabric_req_done(const terse__fabric_req *r) {
-    return r->error || r->done >= r->chunks;
-}
-
-/* ---------------------------------------------------------------- wait */
-
-static size_t bytes_done(const terse__fabric *f, const terse__fabric_req *r) {
-    for (const terse__fabric_op *op = f->active_head; op; op = op->next)
-        if (op->req == r) return op->bytes_done;
-    return r->done == r->chunks ? r->len : 0;
-}
-
-static terse_status timed_out(terse__fabric *f, const terse__fabric_req *r, uint64_t start,
-                              uint64_t idle_ns) {
-    uint64_t forged = f->auth_fail ? f->auth_fail[r->peer] : 0;
-    if (forged) {
-        /* The MAC covers the length, so a rank that passed another size
-         * than this one looks like a forger: say so when the lengths differ. */
-        char sizes[200] = "";
-        if (f->forged_len_peer == r->peer && f->forged_len_got == SIZE_MAX)
-            snprintf(sizes, sizeof sizes,
-                     "; or the ranks passed different sizes: the last chunk dropped carried "
-                     "more than the %zu bytes expected", f->forged_len_want);
-        else if (f->forged_len_peer == r->peer)
-            snprintf(sizes, sizeof sizes,
-                     "; or the ranks passed different sizes: the last chunk dropped carried "
-                     "%zu bytes where %zu were expected",
-                     f->forged_len_got, f->forged_len_want);
-        return fail(f, TERSE_ERROR(TERSE_ERR_AUTH,
-                                   "rank %d: %llu chunks claiming to come from rank %d failed "
-                                   "authentication, and the real rank %d sent nothing that "
-                                   "checks for %llu ms (tag %#llx, %zu of %zu bytes done, "
-                                   "provider %s): another process may have taken rank %d's "
-                                   "place, or a relay is altering its messages%s",
-                                   f->rank, (unsigned long long)forged, r->peer, r->peer,
-                                   (unsigned long long)((terse__now_ns() - start) / 1000000u),
-                                   (unsigned long long)r->tag, bytes_done(f, r), r->len,
-                                   f->provider, r->peer, sizes));
-    }
-    char why[96] = "";
-    if (idle_ns)
-        snprintf(why, sizeof why, " with no progress for the last %llu ms",
-                 (unsigned long long)(idle_ns / 1000000u));
-    return fail(f, TERSE_ERROR(TERSE_ERR_TIMEOUT,
-                               "rank %d: timed out after %llu ms%s %s rank %d (tag %#llx, %zu of "
-                               "%zu bytes done, provider %s)",
-                               f->rank, (unsigned long long)((terse__now_ns() - start) / 1000000u),
-                               why, dir_text(r), r->peer, (unsigned long long)r->tag,
-                               bytes_done(f, r), r->len, f->provider));
-}
-
-/* Each round: drain completions, post what the windows now allow, check
- * the requests, then abort, the limits and the caller's liveness probe;
- * back off (yield, later nap) while nothing completes. */
-terse_status terse__fabric_wait_ex(terse__fabric *f, terse__fabric_req *reqs, size_t n,
-                                   const terse__fabric_wait_opts *o) {
-    if (!f || (n && !reqs) || !o)
-        return TERSE_ERROR(TERSE_ERR_INVALID, "fabric_wait: NULL argument");
-    if (f->failed)
-        return TERSE_ERROR(f->failed, "rank %d: the transport failed earlier; it can only be closed",
-                           f->rank);
-    uint64_t start = terse__now_ns(), last_alive = start, last_event = start;
-    unsigned idle = 0;
-    for (;;) {
-        size_t events = 0;
-        TERSE_CHECK(progress(f, &events));
-        TERSE_CHECK(post_pending(f));
-        const terse__fabric_req *pending = NULL;
-        for (size_t i = 0; i < n; i++) {
-            if (reqs[i].error) return fail(f, (terse_status)reqs[i].error);
-            if (!pending && reqs[i].done < reqs[i].chunks) pending = &reqs[i];
-        }
-        if (!pending) return TERSE_OK;
-        uint64_t now = terse__now_ns();
-        if (events) {
-            idle = 0;
-            last_event = now;
-        }
-        if (o->abort && atomic_load_explicit(o->abort, memory_order_acquire))
-            return fail(f, TERSE_ERROR(TERSE_ERR_ABORTED,
-                                       "rank %d: aborted (terse_comm_abort) while %s rank %d "
-                                       "(%zu of %zu bytes done)",
-                                       f->rank, dir_text(pending), pending->peer,
-                                       bytes_done(f, pending), pending->len));
-        if (now >= o->deadline_ns) return timed_out(f, pending, start, 0);
-        if (o->idle_ns && now - last_event >= o->idle_ns)
-            return timed_out(f, pending, start, now - last_event);
-        if (o->alive && now - last_alive >= o->alive_period_ns) {
-            last_alive = now;
-            terse_status st = o->alive(o->arg);
-            if (st != TERSE_OK) return fail(f, st);
-        }
-        if (events) continue;
-        back_off(now - last_event, o->nap_after_ns ? o->nap_after_ns : NAP_AFTER_NS, &idle,
-                 IDLE_SPINS);
-    }
-}
-
-terse_status terse__fabric_wait(terse__fabric *f, terse__fabric_req *reqs, size_t n,
-                                uint64_t deadline_ns, terse__fabric_alive_fn alive, void *arg) {
-    terse__fabric_wait_opts o = {deadline_ns, 0, NULL, alive, arg, ALIVE_PERIOD_NS, 0};
-    return terse__fabric_wait_ex(f, reqs, n, &o);
-}
-
-/* Operations still posted that reference caller memory: receives (the
- * provider writes into them) and, on shm, sends too (a live peer pulls a
- * send's bytes out of our memory with process_vm_readv in its own
- * progress, so a late pull would read whatever the caller put there). */
-static size_t posted_holding(const terse__fabric *f, int sends_too) {
-    size_t n = 0;
-    for (const terse__fabric_op *op = f->active_head; op; op = op->next)
-        if (!op->req->is_send || sends_too) n += op->inflight;
-    return n;
-}
-
-/* A chunk that came back (done, failed or cancelled) during quiesce: it
- * no longer holds caller memory. */
-static void returned(terse__fabric *f, terse__fabric_slot *s) {
-    if (!s || !is_slot(f, s) || !s->op) return; /* a peek's or claim's: freed at close */
-    terse__fabric_op *op = s->op;
-    if (op->inflight) op->inflight--;
-    slot_put(f, s, op->req->is_send);
-}
-
-/* Cancel what is posted and collect what comes back, for a bounded time;
- * then close the endpoint, which discards whatever the provider would not
- * give back. On tcp only receives must come back (sends move only inside
- * our own progress calls, and there are none after this); on shm sends
- * too (see posted_holding), given up to 50 ms -- a live peer completes
- * them within microseconds, a dead one never reads them. Every call is
- * watched: shm may spin here too. */
-void terse__fabric_quiesce(terse__fabric *f) {
-    if (!f || !f->ep || atomic_load(&f->abandoned)) return;
-    if (f->failed == TERSE_OK) f->failed = TERSE_ERR_ABORTED;
-    unrepost(f, NULL); /* slots not posted: nothing to cancel */
-    while (f->local_done) { /* filled from the early store: never posted */
-        terse__fabric_slot *s = f->local_done;
-        f->local_done = s->local_next;
-        returned(f, s);
-    }
-    const int sends_too = strcmp(f->provider, "shm") == 0;
-    for (size_t i = 0; i < f->tx_slots + f->rx_slots; i++)
-        if (f->slots[i].op) {
-            terse__fabric_enter(f, f->slots[i].op->req->peer, "fi_cancel");
-            (void)fi_cancel(&f->ep->fid, &f->slots[i].ctx);
-            terse__fabric_leave(f);
-            if (atomic_load(&f->abandoned)) return;
-        }
-    uint64_t until = terse__now_ns() + (sends_too ? 50000000ull : 20000000ull);
-    while (posted_holding(f, sends_too) && terse__now_ns() < until) {
-        struct fi_cq_tagged_entry ent[CQ_BATCH];
-        terse__fabric_enter(f, -1, "fi_cq_read");
-        ssize_t got = fi_cq_read(f->cq, ent, CQ_BATCH);
-        terse__fabric_leave(f);
-        if (atomic_load(&f->abandoned)) return;
-        for (ssize_t k = 0; k < got; k++) returned(f, ent[k].op_context);
-        if (got == -FI_EAVAIL) {
-            struct fi_cq_err_entry e;
-            memset(&e, 0, sizeof e);
-            if (fi_cq_readerr(f->cq, &e, 0) > 0) returned(f, e.op_context);
-        } else if (got <= 0) {
-            sched_yield();
-        }
-    }
-    terse__fabric_enter(f, -1, "fi_close");
-    int ret = fi_close(&f->ep->fid);
-    terse__fabric_leave(f);
-    if (atomic_load(&f->abandoned)) return;
-    terse__fabric_release_ops(f);
-    if (ret == -FI_EBUSY) ret = fi_close(&f->ep->fid);
-    if (ret == 0) f->ep = NULL; /* else terse__fabric_close tries once more */
-}
-
-/* net: a send's completion says only that the provider took it (an
- * inject at once, a small send into the connection's staging buffer), and
- * closing the endpoint discards whatever it still holds: a rank that left
- * right after its last allgather lost that message about 1 run in 8
- * (bench_train_smoke's ps:async run, 2026-12-03). So an orderly close
- * first sends each peer this rank sent anything to one empty message with
- * FI_DELIVERY_COMPLETE, whose acknowledgement comes once the peer's
- * provider has read it, and so everything before it on the connection.
- * The peer's net keeps it aside (at most 4 small unmatched messages per
- * connection) or, behind a message it cannot match yet, stalls on it. */
-void terse__fabric_flush(terse__fabric *f, uint64_t budget_ns,
-                         const uint8_t *(*lost_map)(void *), void *arg) {
-    if (!f || !f->ep || f->failed || !f->sent_to || strcmp(f->provider, "net") != 0 ||
-        atomic_load(&f->abandoned))
-        return;
-    f->flush_ctx = calloc((size_t)f->nranks, sizeof *f->flush_ctx);
-    f->flush_state = calloc((size_t)f->nranks, 1);
-    if (!f->flush_ctx || !f->flush_state) return; /* closed unflushed, as before */
-    const uint64_t start = terse__now_ns(), until = start + budget_ns;
-    uint64_t last_look = 0, last_event = start;
-    unsigned idle = 0;
-    for (;;) {
-        int left = 0, first = -1; /* peers not flushed yet; the first of them */
-        uint64_t now = terse__now_ns();
-        const uint8_t *lost = NULL;
-        if (lost_map && now - last_look >= 1000000ull) {
-            last_look = now;
-            lost = lost_map(arg); /* NULL: no news */
-        }
-        for (int p = 0; p < f->nranks; p++) {
-            if (p == f->rank || !f->sent_to[p] || f->flush_state[p] == 2) continue;
-            if (lost && lost[p]) {
-                f->flush_state[p] = 2;
-                continue;
-            }
-            if (!left++) first = p;
-            if (f->flush_state[p]) continue;
-            struct fi_msg_tagged m;
-            memset(&m, 0, sizeof m);
-            m.addr = f->addrs[p];
-            m.tag = TERSE__MARKER_CHUNK; /* a marker's low bits are never 0 */
-            m.context = &f->flush_ctx[p];
-            ssize_t ret = fi_tsendmsg(f->ep, &m, FI_DELIVERY_COMPLETE | FI_COMPLETION);
-            if (ret == 0) f->flush_state[p] = 1;
-            else if (ret != -FI_EAGAIN) f->flush_state[p] = 2;
-        }
-        if (left && now >= until)
-            fprintf(stderr,
-                    "terse: rank %d: closing although %d peer%s (rank %d%s) had not read all it "
-                    "was sent after %llu ms: busy outside terse, or stalled on a message no "
-                    "receive matched\n",
-                    f->rank, left, left == 1 ? "" : "s", first, left > 1 ? " and others" : "",
-                    (unsigned long long)(budget_ns / 1000000u));
-        if (!left || now >= until) return;
-        size_t ev = 0;
-        if (read_cq(f, &ev) != TERSE_OK) return;
-        /* after 200 us without news a peer is busy elsewhere: leave it the core */
-        if (ev) last_event = now;
-        else back_off(now - last_event, 200000u, &idle, 0);
-    }
-}
-
-uint64_t terse__fabric_call_age(terse__fabric *f, int *peer, const char **what) {
-    if (!f) return 0;
-    uint64_t since = atomic_load_explicit(&f->call_since, memory_order_acquire);
-    if (!since) return 0;
-    if (peer) *peer = atomic_load_explicit(&f->call_peer, memory_order_relaxed);
-    if (what) *what = atomic_load_explicit(&f->call_what, memory_order_relaxed);
-    uint64_t now = terse__now_ns();
-    return now > since ? now - since : 0;
-}
-
-void terse__fabric_abandon(terse__fabric *f) {
-    if (f) atomic_store(&f->abandoned, 1);
-}
-
-int terse__fabric_is_abandoned(const terse__fabric *f) {
-    return f && atomic_load(&f->abandoned);
-}
-
-void terse__fabric_test_tamper(terse__fabric *f, unsigned every_k) {
-    if (f) f->tamper_every = every_k;
+    terse_status st = terse__fabric_read_cq(f, events);
+    if (st == TERSE_OK) terse__fabric_reap(f);
+    return st;
 }

@@ -8,7 +8,7 @@
  * queue. A process SIGKILLed inside one of those sections leaves the lock
  * taken forever, and the next process that wants it spins inside
  * libfabric with no way out: the engine's watchdog then gives up on the
- * whole transport (algos/engine.c). That turns one rank's death into the
+ * whole transport (algos/engine/engine.c). That turns one rank's death into the
  * loss of the survivors' transports in about one kill in six of the
  * three-server parameter-server test, which is what keeps failover from
  * working on shm every time.
@@ -172,6 +172,7 @@ static int release(terse__fabric *f, int r, uint64_t since) {
 }
 
 int terse__fabric_shm_rescue(terse__fabric *f) {
+    if (f && f->side && terse__fabric_shm_rescue(f->side)) return 1;
     if (!f || !f->shm || atomic_load(&f->abandoned)) return 0;
     uint64_t since = atomic_load_explicit(&f->call_since, memory_order_acquire);
     uint64_t now = terse__now_ns();

@@ -3,10 +3,12 @@
  * server (store_server.c) and then joins it like everybody else.
  *
  * One request is outstanding at a time. Frames that arrive while waiting
- * for a reply are LOST notices (recorded, and the wait fails) or stale
- * replies to a request that already timed out (ids never repeat, so they
- * are recognised and discarded). */
+ * for a reply are notices -- LOST (recorded, and the wait fails), LEFT (an
+ * orderly leave: recorded for the close's flush, not a failure), BACK --
+ * or stale replies to a request that already timed out (ids never repeat,
+ * so they are recognised and discarded). */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,7 @@ struct terse__store {
     unsigned fork_gen; /* terse__store_fork_gen() when opened */
     int lost_rank;     /* first rank the server reported lost, or -1 */
     uint8_t *lost_map; /* every rank the server reported lost (nranks) */
+    uint8_t *gone_map; /* every rank reported lost or left with a goodbye (nranks) */
     int gone;          /* the connection to the server has ended */
     int rejoin;        /* joined as a lost rank's replacement: losses are
                           recorded, never sticky (the job it joins has some) */
@@ -39,6 +42,12 @@ struct terse__store {
     terse__store_back *backs; /* BACK notices not taken yet, oldest first */
     char gone_why[128];
     terse__store_server *server; /* rank 0 only */
+    /* The first FAILED notice: a rank whose collective failed for a reason
+     * every rank should hear (its arguments disagreed with its neighbour's). */
+    int failed_rank; /* -1: none */
+    int told_failed;     /* this rank sent one */
+    terse_status failed_status;
+    char failed_why[TERSE__STORE_MAX_FAILED + 1];
 };
 
 /* The sticky failure once a rank or the store itself is gone. */
@@ -57,12 +66,31 @@ static int sticky(const terse__store *s) {
     return s->gone || (s->lost_rank >= 0 && !s->rejoin);
 }
 
-/* A LOST or BACK notice from the server: recorded (1), or not one (0). */
+/* A LOST, LEFT or BACK notice from the server: recorded (1), or not one (0). */
 static int take_notice(terse__store *s, uint8_t type, const uint8_t *b, size_t len) {
     if (type == TERSE__STORE_LOST && len == 4) {
         uint32_t r = terse__get_u32(b);
         if (s->lost_rank < 0) s->lost_rank = r < (uint32_t)s->nranks ? (int)r : s->nranks;
-        if (r < (uint32_t)s->nranks) s->lost_map[r] = 1;
+        if (r < (uint32_t)s->nranks) s->lost_map[r] = s->gone_map[r] = 1;
+        return 1;
+    }
+    if (type == TERSE__STORE_LEFT && len == 4) { /* an orderly leave: not a failure */
+        uint32_t r = terse__get_u32(b);
+        if (r < (uint32_t)s->nranks) s->gone_map[r] = 1;
+        return 1;
+    }
+    if (type == TERSE__STORE_FAILED && len >= 8 && len <= 8 + TERSE__STORE_MAX_FAILED) {
+        uint32_t r = terse__get_u32(b), st = terse__get_u32(b + 4);
+        if (r >= (uint32_t)s->nranks || (int)r == s->rank) return 1;
+        if (s->failed_rank >= 0) return 1;
+        /* a status the library knows, else the generic one */
+        s->failed_status = st != TERSE_OK &&
+                                   strcmp(terse_status_name((terse_status)st), "TERSE_ERR_UNKNOWN")
+                               ? (terse_status)st : TERSE_ERR_INTERNAL;
+        for (size_t i = 8; i < len; i++)
+            s->failed_why[i - 8] = b[i] >= 0x20 && b[i] < 0x7f ? (char)b[i] : '?';
+        s->failed_why[len - 8] = 0;
+        s->failed_rank = (int)r;
         return 1;
     }
     if (type != TERSE__STORE_BACK || len < 8 || len > 8 + TERSE__STORE_MAX_BACK) return 0;
@@ -79,7 +107,7 @@ static int take_notice(terse__store *s, uint8_t type, const uint8_t *b, size_t l
     while (*tail) tail = &(*tail)->next;
     *tail = n;
     s->incarnation[r] = inc;
-    s->lost_map[r] = 0;
+    s->lost_map[r] = s->gone_map[r] = 0;
     /* The sticky failure names the first rank still lost, if any. */
     s->lost_rank = -1;
     for (int i = 0; i < s->nranks && s->lost_rank < 0; i++)
@@ -339,15 +367,18 @@ terse_status terse__store_open_ex(const char *addr, int rank, int nranks, const 
     terse__store *s = calloc(1, sizeof *s);
     if (!s) return TERSE_ERROR(TERSE_ERR_NOMEM, "cannot allocate the store client");
     s->fd = -1;
+    s->failed_rank = -1;
     s->rank = rank;
     s->nranks = nranks;
     s->timeout_ms = timeout_ms;
     s->lost_rank = -1;
     s->rejoin = rejoin;
     s->lost_map = calloc((size_t)(nranks > 0 ? nranks : 1), 1);
+    s->gone_map = calloc((size_t)(nranks > 0 ? nranks : 1), 1);
     s->incarnation = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof *s->incarnation);
-    if (!s->lost_map || !s->incarnation) {
+    if (!s->lost_map || !s->gone_map || !s->incarnation) {
         free(s->lost_map);
+        free(s->gone_map);
         free(s->incarnation);
         free(s);
         return TERSE_ERROR(TERSE_ERR_NOMEM, "cannot allocate the store client");
@@ -383,6 +414,7 @@ static void free_client(terse__store *s) {
         s->backs = n;
     }
     free(s->lost_map);
+    free(s->gone_map);
     free(s->incarnation);
     free(s);
 }
@@ -413,13 +445,27 @@ static void leave(terse__store *s, int orderly) {
             }
         }
     }
+    if (!orderly) terse__store_server_owner_leaving(s->server);
     terse__store_close_fd(s->fd);
-    terse__store_server_stop(s->server, !orderly);
+    /* Rank 0 that told the others why it failed: its server stays until
+     * they have the notice (2 s at most), not a moment less. */
+    terse__store_server_stop(s->server, orderly ? 0 : s->told_failed ? 2 : 1);
     free_client(s);
 }
 
-terse_status terse__store_poll_lost(terse__store *s, const uint8_t **map) {
+static terse_status poll_notices(terse__store *s);
+
+static terse_status impl_poll_lost(terse__store *s, const uint8_t **map) {
     if (map) *map = s ? s->lost_map : NULL;
+    return poll_notices(s);
+}
+
+static terse_status impl_poll_gone(terse__store *s, const uint8_t **map) {
+    if (map) *map = s ? s->gone_map : NULL;
+    return poll_notices(s);
+}
+
+static terse_status poll_notices(terse__store *s) {
     if (!s) return TERSE_OK;
     if (forked(s)) return fail_forked(s);
     while (!s->gone) {
@@ -468,7 +514,7 @@ static terse_status request(terse__store *s, uint8_t type, const char *key, cons
     return send_frame(s, type, hdr, sizeof hdr, key, klen, val, len, deadline);
 }
 
-terse_status terse__store_set(terse__store *s, const char *key, const void *val, size_t len) {
+static terse_status impl_set(terse__store *s, const char *key, const void *val, size_t len) {
     TERSE_CHECK(check_key(s, key));
     if (len > TERSE__STORE_MAX_VALUE || (len && !val))
         return TERSE_ERROR(TERSE_ERR_INVALID,
@@ -491,7 +537,7 @@ terse_status terse__store_set(terse__store *s, const char *key, const void *val,
     return TERSE_OK;
 }
 
-terse_status terse__store_get(terse__store *s, const char *key, void *val, size_t *len,
+static terse_status impl_get(terse__store *s, const char *key, void *val, size_t *len,
                               int timeout_ms) {
     TERSE_CHECK(check_key(s, key));
     if (!len || (*len && !val))
@@ -523,7 +569,7 @@ terse_status terse__store_get(terse__store *s, const char *key, void *val, size_
     return TERSE_OK;
 }
 
-terse_status terse__store_allgather(terse__store *s, const void *mine, size_t len, void *all,
+static terse_status impl_allgather(terse__store *s, const void *mine, size_t len, void *all,
                                     int timeout_ms) {
     if (!s) return TERSE_ERROR(TERSE_ERR_INVALID, "the store is NULL");
     if (forked(s)) return fail_forked(s);
@@ -538,14 +584,23 @@ terse_status terse__store_allgather(terse__store *s, const void *mine, size_t le
     unsigned seq = ++s->ag_seq;
     char key[48];
     snprintf(key, sizeof key, "ag/%u/%d", seq, s->rank);
-    TERSE_CHECK(terse__store_set(s, key, mine, len));
+    TERSE_CHECK(impl_set(s, key, mine, len));
     for (int r = 0; r < s->nranks; r++) {
         snprintf(key, sizeof key, "ag/%u/%d", seq, r);
         uint64_t now = terse__store_now_ms();
         int left = now >= deadline ? 1 : (int)(deadline - now);
         size_t got = len;
         terse_status st =
-            terse__store_get(s, key, (uint8_t *)all + (size_t)r * len, &got, left);
+            impl_get(s, key, (uint8_t *)all + (size_t)r * len, &got, left);
+        /* The first round is terse_comm_init's: a rank missing from it is
+         * one that never got that far. */
+        if (st == TERSE_ERR_TIMEOUT && seq == 1)
+            return TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                               "rank %d of %d never joined the job at %s: rank %d waited %d ms "
+                               "for it in terse_comm_init's first exchange (not started, started "
+                               "with another TERSE_ADDR, TERSE_SIZE or TERSE_TOKEN, or died "
+                               "before; store allgather #1, key '%s')",
+                               r, s->nranks, s->addr, s->rank, timeout_ms, key);
         if (st == TERSE_ERR_TIMEOUT)
             return TERSE_ERROR(TERSE_ERR_TIMEOUT,
                                "rank %d waited %d ms in store allgather #%u for rank %d's "
@@ -561,14 +616,35 @@ terse_status terse__store_allgather(terse__store *s, const void *mine, size_t le
     return TERSE_OK;
 }
 
-terse_status terse__store_check(void *store) {
+static terse_status impl_check(void *store) {
     terse__store *s = store;
     if (!s) return TERSE_ERROR(TERSE_ERR_INVALID, "terse__store_check: the store is NULL");
     if (forked(s)) return fail_forked(s);
     const uint8_t *b;
     size_t n;
     /* Deadline 0: take in only what has already arrived, never wait. */
-    return await(s, 0, 0, 0, &b, &n);
+    terse_status st = await(s, 0, 0, 0, &b, &n);
+    /* A rank that said why it failed: its reason, also once it or any
+     * other rank has left. The notice is the first cause: the ranks that
+     * heard it give up and leave without a goodbye (as a failed rank
+     * does), and a rank still in its call may see one of them vanish
+     * before it reads the notice that preceded the loss on this socket. */
+    if (s->failed_rank >= 0 && (st == TERSE_OK || st == TERSE_ERR_PEER_LOST))
+        return TERSE_ERROR(s->failed_status, "rank %d failed its call and told the job why: %s",
+                           s->failed_rank, s->failed_why);
+    return st;
+}
+
+static terse_status impl_tell_failed(terse__store *s, terse_status status, const char *why) {
+    if (!s || forked(s) || s->gone) return TERSE_OK; /* nobody to tell */
+    uint8_t st[4];
+    terse__put_u32(st, (uint32_t)status);
+    size_t len = strlen(why);
+    if (len > TERSE__STORE_MAX_FAILED) len = TERSE__STORE_MAX_FAILED;
+    uint64_t budget = (uint64_t)(s->timeout_ms < 1000 ? s->timeout_ms : 1000);
+    s->told_failed = 1;
+    return send_frame(s, TERSE__STORE_FAILED, st, 4, why, len, NULL, 0,
+                      terse__store_now_ms() + budget);
 }
 
 terse_status terse__store_announce_back(terse__store *s, const void *blob, size_t len) {
@@ -581,7 +657,7 @@ terse_status terse__store_announce_back(terse__store *s, const void *blob, size_
                       terse__store_now_ms() + (uint64_t)s->timeout_ms);
 }
 
-terse__store_back *terse__store_take_back(terse__store *s) {
+static terse__store_back *impl_take_back(terse__store *s) {
     if (!s || !s->backs) return NULL;
     terse__store_back *n = s->backs;
     s->backs = n->next;
@@ -589,12 +665,95 @@ terse__store_back *terse__store_take_back(terse__store *s) {
     return n;
 }
 
-void terse__store_mark_lost(terse__store *s, int rank) {
+static void impl_mark_lost(terse__store *s, int rank) {
     if (!s || rank < 0 || rank >= s->nranks) return;
-    s->lost_map[rank] = 1;
+    s->lost_map[rank] = s->gone_map[rank] = 1;
     if (s->lost_rank < 0) s->lost_rank = rank;
 }
 
 uint32_t terse__store_incarnation(const terse__store *s, int rank) {
     return s && rank >= 0 && rank < s->nranks ? s->incarnation[rank] : 0;
+}
+
+/* ---- one thread at a time ----
+ * A colocated parameter server (algos/engine/engine_twin.c) drives three
+ * communicators on one store from up to three threads: every entry point
+ * that reads or writes the client's state holds this lock. One lock for
+ * every store of the process: they are few, and the calls made while a
+ * job runs are short (allgather, the one that waits, is made at init). A
+ * forked child, whose copy of the lock may be held, takes no lock: its
+ * calls fail at once as forked. */
+static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
+static int lock_store(const terse__store *s) {
+    if (s && forked(s)) return 0;
+    pthread_mutex_lock(&store_mu);
+    return 1;
+}
+static void unlock_store(int held) {
+    if (held) pthread_mutex_unlock(&store_mu);
+}
+
+terse_status terse__store_poll_lost(terse__store *s, const uint8_t **map) {
+    int h = lock_store(s);
+    terse_status r = impl_poll_lost(s, map);
+    unlock_store(h);
+    return r;
+}
+terse_status terse__store_poll_gone(terse__store *s, const uint8_t **map) {
+    int h = lock_store(s);
+    terse_status r = impl_poll_gone(s, map);
+    unlock_store(h);
+    return r;
+}
+terse_status terse__store_copy_map(terse__store *s, int gone, uint8_t *out) {
+    int h = lock_store(s);
+    const uint8_t *m = NULL;
+    terse_status r = gone ? impl_poll_gone(s, &m) : impl_poll_lost(s, &m);
+    if (m) memcpy(out, m, (size_t)s->nranks);
+    else if (s) memset(out, 0, (size_t)s->nranks);
+    unlock_store(h);
+    return r;
+}
+terse_status terse__store_set(terse__store *s, const char *key, const void *val, size_t len) {
+    int h = lock_store(s);
+    terse_status r = impl_set(s, key, val, len);
+    unlock_store(h);
+    return r;
+}
+terse_status terse__store_get(terse__store *s, const char *key, void *val, size_t *len,
+                              int timeout_ms) {
+    int h = lock_store(s);
+    terse_status r = impl_get(s, key, val, len, timeout_ms);
+    unlock_store(h);
+    return r;
+}
+terse_status terse__store_allgather(terse__store *s, const void *mine, size_t len, void *all,
+                                    int timeout_ms) {
+    int h = lock_store(s);
+    terse_status r = impl_allgather(s, mine, len, all, timeout_ms);
+    unlock_store(h);
+    return r;
+}
+terse_status terse__store_check(void *store) {
+    int h = lock_store(store);
+    terse_status r = impl_check(store);
+    unlock_store(h);
+    return r;
+}
+terse__store_back *terse__store_take_back(terse__store *s) {
+    int h = lock_store(s);
+    terse__store_back *r = impl_take_back(s);
+    unlock_store(h);
+    return r;
+}
+void terse__store_mark_lost(terse__store *s, int rank) {
+    int h = lock_store(s);
+    impl_mark_lost(s, rank);
+    unlock_store(h);
+}
+terse_status terse__store_tell_failed(terse__store *s, terse_status status, const char *why) {
+    int h = lock_store(s);
+    terse_status r = impl_tell_failed(s, status, why);
+    unlock_store(h);
+    return r;
 }

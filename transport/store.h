@@ -96,6 +96,16 @@ terse_status terse__store_allgather(terse__store *s, const void *mine, size_t le
  * reported a lost rank or the server itself is gone; else TERSE_OK. Usable
  * as a terse__fabric_alive_fn. */
 terse_status terse__store_check(void *store);
+/* A FAILED notice from a rank (the first one) is reported by
+ * terse__store_check as that rank's status and sentence from then on, also
+ * once that rank, or any other, has left or been lost: the notice is the
+ * first cause, and the ranks that heard it leave without a goodbye. */
+
+/* Tell every other rank, through the server, that this rank's collective
+ * failed with `status` for a reason they should hear (their arguments
+ * disagree with this rank's): `why` (cut to 400 bytes) reaches them as
+ * the sentence of their current call. Waits at most 1 s to send it. */
+terse_status terse__store_tell_failed(terse__store *s, terse_status status, const char *why);
 
 /* Non-blocking, and not sticky like terse__store_check: take in the loss
  * notices that have arrived; *map (nranks bytes, owned by the store) has
@@ -103,6 +113,14 @@ terse_status terse__store_check(void *store);
  * store itself is gone (rank 0 or its connection). The parameter server
  * uses it to go on without a lost worker. */
 terse_status terse__store_poll_lost(terse__store *s, const uint8_t **map);
+/* The same, but *map has 1 for every rank that will read nothing more:
+ * lost, or left with a goodbye (terse__store_close). A closing rank's flush
+ * waits for no such peer. */
+terse_status terse__store_poll_gone(terse__store *s, const uint8_t **map);
+/* Poll, then copy the lost map (gone 0) or the gone map (gone 1) into out
+ * (nranks bytes) while holding the store's lock: for a thread other than
+ * the one that owns the communicator (a colocated server's). */
+terse_status terse__store_copy_map(terse__store *s, int gone, uint8_t *out);
 
 /* Replacements. A replacement announces itself once, with an opaque blob
  * (<= 1024 bytes: how to reach it); every other rank's client receives it

@@ -36,6 +36,11 @@ static size_t owned_hi;      /* every owned fd is below this */
 static atomic_uint fork_gen;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static int atfork_rc;
+/* A descriptor kept spare (on /dev/null, in the set) for refusing a
+ * connection at the descriptor limit: given up for the one accept that
+ * closes the newcomer, taken again at once. Another thread may take the
+ * freed number first; then the refusal fails and is tried again later. */
+static int spare = -1;
 
 static void reg_acquire(void) {
     while (atomic_flag_test_and_set_explicit(&reg_lock, memory_order_acquire)) sched_yield();
@@ -56,6 +61,7 @@ static void on_child(void) {
         close((int)fd);
     }
     owned_hi = 0;
+    spare = -1;
     atomic_fetch_add_explicit(&fork_gen, 1u, memory_order_relaxed);
     reg_release();
 }
@@ -141,6 +147,35 @@ int terse__store_pipe(int fds[2]) {
     reg_release();
     errno = err;
     return rc;
+}
+
+int terse__store_refuse(int lfd) {
+    if (ensure_atfork() != 0) return -1;
+    reg_acquire();
+    if (spare < 0) spare = adopt_locked(open("/dev/null", O_RDONLY | O_CLOEXEC));
+    int ok = -1;
+    if (spare >= 0) {
+        owned[spare] = 0;
+        close(spare);
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            close(fd);
+            ok = 0;
+        }
+        spare = adopt_locked(open("/dev/null", O_RDONLY | O_CLOEXEC));
+    }
+    int err = errno;
+    reg_release();
+    errno = err;
+    return ok;
+}
+
+/* Keep the spare from the start, while descriptors are plentiful. */
+void terse__store_keep_spare(void) {
+    if (ensure_atfork() != 0) return;
+    reg_acquire();
+    if (spare < 0) spare = adopt_locked(open("/dev/null", O_RDONLY | O_CLOEXEC));
+    reg_release();
 }
 
 void terse__store_close_fd(int fd) {

@@ -8,7 +8,7 @@
  * is a rank: it may SET and GET keys (a GET of a missing key is parked on
  * the key and answered by the SET that creates it) and says BYE before it
  * leaves. A rank whose connection ends without BYE is lost, and every other
- * rank is told so with a LOST frame.
+ * rank is told so with a LOST frame; one that said BYE, with a LEFT frame.
  *
  * Every fd (listener, connections, wake pipe) is made and closed through
  * store_fork.c, so a child forked from rank 0 closes them all at once and
@@ -21,6 +21,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -40,6 +41,7 @@ enum {
     TERSE__STORE_HANDSHAKE_MS = 2000, /* a legitimate client answers HELLO at once */
     MAX_PENDING = 128,                /* unauthenticated connections at one time */
     MAX_QUEUED = 8 << 20,             /* bytes queued for a rank that does not read */
+    ACCEPT_REST_MS = 100,             /* the listener's rest after a failed accept */
     NOISE_BURST = 20,                 /* noise lines logged before rate limiting */
     NOISE_PERIOD_MS = 1000,           /* then one summary line per period */
 };
@@ -50,6 +52,7 @@ typedef struct conn {
     char peer[64];
     int authed, rank, said_bye;
     int rejoined, announced; /* a replacement; it sent its BACK */
+    int failed; /* it sent a FAILED notice (relayed); its leaving is no news */
     int loud; /* its drop is always logged (a failed authentication, a refusal) */
     uint64_t hs_deadline;
     uint8_t snonce[TERSE__STORE_NONCE];
@@ -59,6 +62,7 @@ typedef struct conn {
 
 struct terse__store_server {
     int lfd, wake[2];
+    _Atomic int owner_leaving; /* rank 0, this process, leaves without a goodbye */
     pthread_t thread;
     int nranks, linger_ms;
     char token[TERSE__STORE_MAX_TOKEN + 1];
@@ -78,6 +82,8 @@ struct terse__store_server {
     struct pollfd *pfd;
     size_t *pslot;
     size_t pcap;
+    int at_limit;           /* accept failed for want of descriptors; not since */
+    uint64_t rest_until_ms; /* the listener is not polled until then */
 };
 
 /* Two kinds of log line. Events that matter -- a rank lost, a failed
@@ -142,7 +148,8 @@ static void queue(terse__store_server *s, size_t slot, uint8_t type, const void 
 }
 
 /* Close slot. fmt (NULL for an orderly leave) is the reason logged. An
- * authenticated rank that leaves without BYE is announced to the others. */
+ * authenticated rank that leaves is announced to the others: LOST without
+ * BYE, LEFT with it. */
 static void drop(terse__store_server *s, size_t slot, const char *fmt, ...) {
     conn *c = &s->c[slot];
     if (c->fd < 0) return;
@@ -154,7 +161,11 @@ static void drop(terse__store_server *s, size_t slot, const char *fmt, ...) {
         va_end(ap);
     }
     int lost = c->authed && !c->said_bye;
-    if (lost)
+    if (lost && c->rank == 0 && atomic_load(&s->owner_leaving))
+        ; /* rank 0 is this process, leaving after a failure of its own: not news */
+    else if (lost && c->failed)
+        slog(s, "rank %d (%s) left after its failure (above)", c->rank, c->peer);
+    else if (lost)
         slog(s, "rank %d (%s) lost: %s; telling the other ranks", c->rank, c->peer,
              fmt ? why : "connection closed without goodbye");
     else if (fmt && (c->authed || c->loud))
@@ -173,11 +184,15 @@ static void drop(terse__store_server *s, size_t slot, const char *fmt, ...) {
     } else {
         s->npending--;
     }
-    if (!lost) return;
+    if (!c->authed) return;
+    /* Lost, or left with a goodbye: either way it reads nothing more, which
+     * a rank flushing its last messages at close needs to know (the flush
+     * would otherwise wait its whole budget for a reader that is gone). */
     uint8_t r[4];
     terse__put_u32(r, (uint32_t)c->rank);
     for (size_t i = 0; i < s->nslots; i++)
-        if (s->c[i].fd >= 0 && s->c[i].authed) queue(s, i, TERSE__STORE_LOST, r, 4, NULL, 0);
+        if (s->c[i].fd >= 0 && s->c[i].authed)
+            queue(s, i, lost ? TERSE__STORE_LOST : TERSE__STORE_LEFT, r, 4, NULL, 0);
 }
 
 static void refuse(terse__store_server *s, size_t slot, uint8_t reason, const char *text) {
@@ -186,24 +201,27 @@ static void refuse(terse__store_server *s, size_t slot, uint8_t reason, const ch
                                 NULL, 0);
 }
 
+/* Evict the oldest unauthenticated connection rather than refuse the
+ * newest: a legitimate rank answers HELLO within a round trip, so to
+ * starve it an attacker would have to open MAX_PENDING connections inside
+ * that round trip, again and again, instead of merely holding MAX_PENDING
+ * silent ones. 1 if there was one. */
+static int evict_oldest(terse__store_server *s, const char *why) {
+    size_t oldest = s->nslots;
+    for (size_t i = 0; i < s->nslots; i++)
+        if (s->c[i].fd >= 0 && !s->c[i].authed &&
+            (oldest == s->nslots || s->c[i].gen < s->c[oldest].gen))
+            oldest = i;
+    if (oldest == s->nslots) return 0;
+    drop(s, oldest, why, s->npending);
+    return 1;
+}
+
 static void accept_one(terse__store_server *s, int fd) {
     char peer[64];
     terse__store_peer_name(fd, peer, sizeof peer);
-    if (s->npending >= MAX_PENDING) {
-        /* Evict the oldest unauthenticated connection rather than refuse
-         * the newest: a legitimate rank answers HELLO within a round trip,
-         * so to starve it an attacker would have to open MAX_PENDING
-         * connections inside that round trip, again and again, instead of
-         * merely holding MAX_PENDING silent ones. */
-        size_t oldest = s->nslots;
-        for (size_t i = 0; i < s->nslots; i++)
-            if (s->c[i].fd >= 0 && !s->c[i].authed &&
-                (oldest == s->nslots || s->c[i].gen < s->c[oldest].gen))
-                oldest = i;
-        if (oldest < s->nslots)
-            drop(s, oldest, "evicted: the oldest of %zu unauthenticated connections",
-                 s->npending);
-    }
+    if (s->npending >= MAX_PENDING)
+        evict_oldest(s, "evicted: the oldest of %zu unauthenticated connections");
     size_t slot = 0;
     while (slot < s->nslots && s->c[slot].fd >= 0) slot++;
     if (slot == s->nslots) {
@@ -331,6 +349,7 @@ static void handle_auth(terse__store_server *s, size_t slot, uint8_t type, const
         uint8_t rb[4];
         terse__put_u32(rb, (uint32_t)r);
         if (s->joined[r] == J_LOST) queue(s, slot, TERSE__STORE_LOST, rb, 4, NULL, 0);
+        if (s->joined[r] == J_LEFT) queue(s, slot, TERSE__STORE_LEFT, rb, 4, NULL, 0);
     }
 }
 
@@ -350,6 +369,29 @@ static void handle_back(terse__store_server *s, size_t slot, const uint8_t *b, s
     for (size_t i = 0; i < s->nslots; i++)
         if (i != slot && s->c[i].fd >= 0 && s->c[i].authed)
             queue(s, i, TERSE__STORE_BACK, hdr, sizeof hdr, b, n);
+}
+
+/* A rank's collective failed for a reason the others should hear: relay
+ * (rank, status, text) to every other rank, once per connection. */
+static void handle_failed(terse__store_server *s, size_t slot, const uint8_t *b, size_t n) {
+    conn *c = &s->c[slot];
+    if (c->failed || n < 4 || n > 4 + TERSE__STORE_MAX_FAILED) {
+        drop(s, slot, "rank %d sent a FAILED it may not send (%zu bytes; %s)", c->rank, n,
+             c->failed ? "a second one" : "bad length");
+        return;
+    }
+    c->failed = 1;
+    char text[TERSE__STORE_MAX_FAILED + 1]; /* printable only: it goes into logs */
+    size_t len = n - 4;
+    for (size_t i = 0; i < len; i++) text[i] = b[4 + i] >= 0x20 && b[4 + i] < 0x7f ? (char)b[4 + i] : '?';
+    text[len] = 0;
+    slog(s, "rank %d (%s) failed its call: %s; telling the other ranks", c->rank, c->peer, text);
+    uint8_t hdr[8];
+    terse__put_u32(hdr, (uint32_t)c->rank);
+    memcpy(hdr + 4, b, 4);
+    for (size_t i = 0; i < s->nslots; i++)
+        if (i != slot && s->c[i].fd >= 0 && s->c[i].authed)
+            queue(s, i, TERSE__STORE_FAILED, hdr, sizeof hdr, text, len);
 }
 
 /* ---- requests from authenticated ranks ---- */
@@ -424,6 +466,7 @@ static void handle_request(terse__store_server *s, size_t slot, uint8_t type, co
     else if (type == TERSE__STORE_GET) handle_get(s, slot, b, n);
     else if (type == TERSE__STORE_BYE && n == 0) c->said_bye = 1;
     else if (type == TERSE__STORE_BACK) handle_back(s, slot, b, n);
+    else if (type == TERSE__STORE_FAILED) handle_failed(s, slot, b, n);
     else drop(s, slot, "rank %d sent an unexpected frame type %u (%zu bytes)", c->rank, type, n);
 }
 
@@ -466,6 +509,45 @@ static void serve_input(terse__store_server *s, size_t slot) {
 
 /* ---- the loop ---- */
 
+/* Accept every waiting connection. Out of descriptors (EMFILE, ENFILE),
+ * make room by dropping the oldest unauthenticated connection, else refuse
+ * the newcomer (accepted on the spare descriptor and closed at once), so
+ * that it neither waits unanswered nor makes poll spin on the listener;
+ * say so once, and once more when accepting works again. Any other
+ * failure, or a refusal that could not be made, rests the listener for
+ * ACCEPT_REST_MS. */
+static void accept_all(terse__store_server *s) {
+    for (unsigned n = 0; n < 4096; n++) {
+        int fd = terse__store_accept(s->lfd);
+        if (fd >= 0) {
+            if (s->at_limit) slog(s, "descriptors are free again: accepting connections");
+            s->at_limit = 0;
+            accept_one(s, fd);
+            continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        const int limit = errno == EMFILE || errno == ENFILE;
+        if (limit && !s->at_limit) {
+            s->at_limit = 1;
+            slog(s, "this process is at its file-descriptor limit (%s; ulimit -n): refusing "
+                    "connections until descriptors are free, unauthenticated ones dropped "
+                    "first to make room",
+                 errno == EMFILE ? "RLIMIT_NOFILE" : "the system's file table");
+        } else if (!limit) {
+            slog(s, "accept failed: %s; the listener rests %d ms", strerror(errno),
+                 ACCEPT_REST_MS);
+        }
+        if (limit && evict_oldest(s, "dropped to make room at the descriptor limit (%zu "
+                                     "unauthenticated)"))
+            continue;
+        if (!limit || terse__store_refuse(s->lfd) != 0) {
+            s->rest_until_ms = terse__store_now_ms() + ACCEPT_REST_MS;
+            return;
+        }
+    }
+}
+
 static int build_pollset(terse__store_server *s) {
     size_t need = 2 + s->nslots;
     if (need > s->pcap) {
@@ -477,7 +559,8 @@ static int build_pollset(terse__store_server *s) {
         s->pcap = need;
     }
     s->pfd[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-    s->pfd[1] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+    const int resting = terse__store_now_ms() < s->rest_until_ms;
+    s->pfd[1] = (struct pollfd){.fd = resting ? -1 : s->lfd, .events = POLLIN};
     int n = 2;
     for (size_t i = 0; i < s->nslots; i++) {
         conn *c = &s->c[i];
@@ -500,6 +583,7 @@ static void *serve(void *arg) {
         noise_flush(s, now);
         if (s->noise_held && s->noise_since_ms + NOISE_PERIOD_MS < next)
             next = s->noise_since_ms + NOISE_PERIOD_MS;
+        if (now < s->rest_until_ms && s->rest_until_ms < next) next = s->rest_until_ms;
         for (size_t i = 0; i < s->nslots; i++) {
             conn *c = &s->c[i];
             if (c->fd < 0 || c->authed) continue;
@@ -526,24 +610,15 @@ static void *serve(void *arg) {
             char b = 0;
             if (read(s->wake[0], &b, 1) == 1 && b == 'a') break;
             draining = 1;
-            drain_deadline = terse__store_now_ms() + (uint64_t)s->linger_ms;
+            /* 'f': rank 0 failed and told the others why: long enough for
+             * that notice to go out (its queue is flushed below), no more */
+            uint64_t linger = b == 'f' && s->linger_ms > 2000 ? 2000 : (uint64_t)s->linger_ms;
+            drain_deadline = terse__store_now_ms() + linger;
             terse__store_close_fd(s->lfd);
             s->lfd = -1;
         }
         /* 4. Accept every waiting connection and greet it. */
-        if (s->lfd >= 0 && (s->pfd[1].revents & POLLIN)) {
-            for (;;) {
-                int fd = terse__store_accept(s->lfd);
-                if (fd >= 0) {
-                    accept_one(s, fd);
-                    continue;
-                }
-                if (errno == EINTR || errno == ECONNABORTED) continue;
-                if (errno != EAGAIN && errno != EWOULDBLOCK)
-                    slog(s, "accept failed: %s", strerror(errno));
-                break;
-            }
-        }
+        if (s->lfd >= 0 && s->pfd[1].fd >= 0 && (s->pfd[1].revents & POLLIN)) accept_all(s);
         /* 5. Serve every connection that has input or room for output. The
          * slot may have been dropped (and its fd closed) earlier in this
          * pass, which the fd comparison catches. */
@@ -601,6 +676,7 @@ terse_status terse__store_server_start(const char *addr, int nranks, const char 
         TERSE_FAIL_GOTO(st, fail, TERSE_ERR_NOMEM, "cannot allocate the store's rank table");
     uint64_t resolve_by = terse__store_now_ms() + (uint64_t)linger_ms;
     TERSE_CHECK_GOTO(terse__store_listen(addr, resolve_by, &s->lfd), st, fail);
+    terse__store_keep_spare(); /* for refusing connections at the descriptor limit */
     if (terse__store_pipe(s->wake) != 0)
         TERSE_FAIL_GOTO(st, fail, TERSE_ERR_IO, "cannot create the store's wake pipe: %s",
                         strerror(errno));
@@ -620,11 +696,16 @@ fail:
     return st;
 }
 
+void terse__store_server_owner_leaving(terse__store_server *s) {
+    if (s) atomic_store(&s->owner_leaving, 1);
+}
+
 void terse__store_server_stop(terse__store_server *s, int abandon) {
     if (!s) return;
-    /* The byte says how to stop: 'a' at once, 'x' after the linger. The pipe
-     * is empty (stop is called once), so the write cannot fail for space. */
-    ssize_t w = write(s->wake[1], abandon ? "a" : "x", 1);
+    /* The byte says how to stop: 'a' at once, 'x' after the linger, 'f'
+     * after at most 2 s of it. The pipe is empty (stop is called once), so
+     * the write cannot fail for space. */
+    ssize_t w = write(s->wake[1], abandon == 2 ? "f" : abandon ? "a" : "x", 1);
     (void)w;
     pthread_join(s->thread, NULL);
     destroy(s);

@@ -48,6 +48,7 @@ enum {
     TERSE__STORE_MAX_TOKEN = 255,
     TERSE__STORE_TAG = 16,           /* the tag on every frame after WELCOME */
     TERSE__STORE_MAX_BACK = 1024,    /* a replacement's announcement */
+    TERSE__STORE_MAX_FAILED = 400,   /* a FAILED notice's text */
 };
 /* In AUTH's rank field: join as the replacement of this lost rank. */
 #define TERSE__STORE_REJOIN_BIT 0x80000000u
@@ -66,6 +67,11 @@ typedef enum terse__store_frame {
     /* C->S blob (a replacement, once); S->C u32 rank, u32 incarnation, blob:
      * a lost rank is back, and how to reach it */
     TERSE__STORE_BACK = 11,
+    TERSE__STORE_LEFT = 12,   /* S->C u32 rank: that rank said BYE and left */
+    /* C->S u32 status, text: this rank's collective failed for a reason
+     * every rank should hear (the ranks' arguments disagree); S->C u32 rank,
+     * u32 status, text: relayed to every other rank, once per rank */
+    TERSE__STORE_FAILED = 13,
 } terse__store_frame;
 
 typedef enum terse__store_refusal {
@@ -194,6 +200,12 @@ int terse__store_wait_fd(int fd, short events, uint64_t deadline_ms);
 int terse__store_socket(int family, int type);
 int terse__store_accept(int listen_fd);
 int terse__store_pipe(int fds[2]);
+/* At the descriptor limit: accept one waiting connection on a spare
+ * descriptor and close it at once (0), so it is refused rather than left
+ * waiting; -1 when there was none or no spare. keep_spare takes the spare
+ * early (the server does at start). */
+int terse__store_refuse(int listen_fd);
+void terse__store_keep_spare(void);
 /* Forget and close fd (< 0: nothing). */
 void terse__store_close_fd(int fd);
 /* Changes in every child forked from this process: an object that recorded
@@ -209,9 +221,14 @@ typedef struct terse__store_server terse__store_server;
 terse_status terse__store_server_start(const char *addr, int nranks, const char *token,
                                        int linger_ms, terse__store_server **out);
 /* Stop accepting; unless abandon, wait (at most linger_ms) until every
- * authenticated rank has disconnected; then end the thread and free. NULL
+ * authenticated rank has disconnected; abandon 2: the same for at most
+ * 2 s (rank 0 failed and told the others why: the notice goes out first);
+ * then end the thread and free. NULL
  * is accepted. Never called in a child forked after the start (the thread
  * is not there; store.c checks terse__store_fork_gen). */
 void terse__store_server_stop(terse__store_server *srv, int abandon);
+/* Rank 0's own client is about to leave without a goodbye (after a failure
+ * of its own): its connection's end is not logged as a lost rank. */
+void terse__store_server_owner_leaving(terse__store_server *srv);
 
 #endif

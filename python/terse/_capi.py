@@ -105,6 +105,8 @@ class CommStats(ctypes.Structure):
         ("network_seconds", ctypes.c_double),
         ("auth_failures", ctypes.c_uint64),
         ("stranger_drops", ctypes.c_uint64),
+        ("control_bytes_sent", ctypes.c_uint64),
+        ("control_bytes_recv", ctypes.c_uint64),
     ]
 
 
@@ -148,6 +150,15 @@ class PsConfig(ctypes.Structure):
         ("aggregator", ctypes.c_char_p),
         ("deadline_ms", ctypes.c_int),
         ("replicas", ctypes.c_int),
+        ("partition_bytes", ctypes.c_size_t),
+        ("window", ctypes.c_int),
+        ("colocate", ctypes.c_int),
+        # appended in 0.5
+        ("stale_rule", ctypes.c_int),
+        ("dc_lambda", ctypes.c_float),
+        ("lr_schedule", ctypes.c_int),
+        ("lr_steps", ctypes.c_uint64),
+        ("lr_warmup", ctypes.c_uint64),
     ]
 
 
@@ -160,7 +171,7 @@ class PsStats(ctypes.Structure):
     ] + [("staleness_mean", ctypes.c_double), ("workers_lost", ctypes.c_uint64),
          ("refused_nonfinite", ctypes.c_uint64), ("deadline_closes", ctypes.c_uint64),
          ("replicated", ctypes.c_uint64), ("takeovers", ctypes.c_uint64),
-         ("duplicates", ctypes.c_uint64)]
+         ("duplicates", ctypes.c_uint64), ("dc_copy_bytes", ctypes.c_uint64)]
 
 
 P = ctypes.POINTER
@@ -200,6 +211,8 @@ PROTOTYPES = {
     "terse_comm_rank": (_int, [handle]),
     "terse_comm_size": (_int, [handle]),
     "terse_comm_provider": (_str, [handle]),
+    "terse_comm_topology": (status, [handle, P(_int), P(_int), P(_int), P(_int)]),
+    "terse_comm_host_of": (_int, [handle, _int]),
     "terse_allreduce": (status, [handle, _vp, _sz, handle, _int]),
     "terse_allreduce_algorithm": (_str, [handle, handle, _sz]),
     "terse_broadcast": (status, [handle, _vp, _sz, _int]),
@@ -223,6 +236,7 @@ PROTOTYPES = {
     "terse_ps_create": (status, [handle, P(PsConfig), P(handle)]),
     "terse_ps_is_server": (_int, [handle]),
     "terse_ps_declare": (status, [handle, _sz, _sz, _str, _str, _vp]),
+    "terse_ps_set_priority": (status, [handle, _sz, ctypes.c_int]),
     "terse_ps_push": (status, [handle, _sz, _vp, P(handle)]),
     "terse_ps_push_weighted": (status, [handle, _sz, _vp, ctypes.c_double, P(handle)]),
     "terse_ps_pull": (status, [handle, _sz, _vp, P(handle)]),

@@ -26,6 +26,7 @@ def done():
 comm = terse.Comm(provider=provider, timeout_ms=int(os.environ.get("T_TIMEOUT", "20000")))
 r, n = comm.rank, comm.size
 res["rank"], res["size"], res["provider"] = r, n, comm.provider
+res["topology"] = [comm.host_index, comm.local_rank, comm.local_size, comm.num_hosts]
 
 if scenario == "collectives":
     N = 100003
@@ -134,11 +135,15 @@ elif scenario == "killed":
     comm.close()
     done()
 elif scenario == "ps":
-    # rank 0 serves; ranks 1 and 2 push rank-valued gradients under sync SGD
-    with terse.PS(comm, num_servers=1, mode="sync", update="sgd", lr=0.1) as ps:
+    # rank 0 serves; ranks 1 and 2 push rank-valued gradients under sync SGD,
+    # key 0 in 5 partitions of 4 KiB, 2 of them in flight each way, key 1 first
+    with terse.PS(comm, num_servers=1, mode="sync", update="sgd", lr=0.1, chunk_bytes=4096,
+                  partition_bytes=4096, window=2) as ps:
         N = 5000
         ps.declare(0, N, init=np.ones(N, np.float32))
         ps.declare(1, 300, push="int8:ef=1")
+        if not ps.is_server:
+            ps.set_priority(1, 3)
         res["is_server"] = ps.is_server
         res["placement"] = ps.placement()
         if ps.is_server:
@@ -176,6 +181,78 @@ elif scenario == "ps":
             res["clock"] = ps.worker_clock
             res["pushes"] = ps.stats()["pushes"]
             ps.finish()
+    comm.close()
+    done()
+elif scenario == "ps_colocate":
+    # every rank a worker and a server: sync SGD, rank-valued gradients
+    with terse.PS(comm, mode="sync", update="sgd", lr=0.1, chunk_bytes=4096,
+                  partition_bytes=4096, colocate=True) as ps:
+        N = 5000
+        ps.declare(0, N, init=np.ones(N, np.float32))
+        res["is_server"] = ps.is_server
+        res["placement"] = ps.placement()
+        x = np.full(N, float(r), np.float32)
+        ps.pushpull(0, x)                           # 1 - 0.1 * mean(0, 1, 2)
+        res["step1"] = float(x[0])
+        ps.clock()
+        g = np.full(N, float(r), np.float32)
+        ps.pushpull(0, g, block=False).wait()
+        res["step2"] = float(g[0])
+        res["digest"] = digest(g)
+        try:
+            ps.serve()
+            res["serve"] = "no error"
+        except terse.Error as e:
+            res["serve"] = str(e)
+        ps.finish()
+    comm.close()
+    done()
+elif scenario == "ps_rules":
+    # rank 0 serves; workers 1 and 2, async with delay compensation and a
+    # staleness-aware step, on the server's cosine schedule. Worker 1
+    # pulls, worker 2 pushes twice (pushpull), then worker 1 pushes (2
+    # stale): each waits for the other's file, not for time.
+    N = 256
+    mark = os.path.join(os.path.dirname(out), "ps_rules.%d")
+    with terse.PS(comm, num_servers=1, mode="async", update="sgd", lr=0.5, momentum=0.5,
+                  stale_rule="dc+step", dc_lambda=1.0, lr_schedule="cosine", lr_steps=8,
+                  lr_warmup=1) as ps:
+        ps.declare(0, N)
+        if ps.is_server:
+            ps.serve()
+            st = ps.stats()
+            res["applied"], res["stale_max"] = st["pushes_applied"], st["staleness_max"]
+            res["dc_copy_bytes"] = st["dc_copy_bytes"]
+        else:
+            other = 3 - r
+            x = np.zeros(N, np.float32)
+            if r == 1:
+                ps.pull(0, x)
+                open(mark % 1, "w").close()
+                while not os.path.exists(mark % other):
+                    time.sleep(0.01)
+                g = np.full(N, 0.5, np.float32)
+                ps.pushpull(0, g)
+            else:
+                while not os.path.exists(mark % other):
+                    time.sleep(0.01)
+                ps.pull(0, x)
+                for _ in range(2):
+                    g = np.full(N, 0.25, np.float32)
+                    ps.pushpull(0, g)
+                    ps.clock()
+                open(mark % 2, "w").close()
+            res["x"] = float(g[0])
+            ps.finish()
+    bad = {"nesterov": dict(mode="async", stale_rule="nesterov"),       # terse_ps_config_parse
+           "dc_lambda -1": dict(mode="async", stale_rule="dc", dc_lambda=-1.0),  # create
+           "\"update\" for sync": dict(mode="sync", stale_rule="step")}
+    for name, kw in bad.items():
+        try:
+            terse.PS(comm, num_servers=1, update="sgd", lr=0.1, **kw).close()
+            res["bad " + name] = "accepted"
+        except terse.Error as e:
+            res["bad " + name] = e.detail
     comm.close()
     done()
 else:

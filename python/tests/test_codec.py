@@ -85,8 +85,10 @@ def test_bad_input_raises_specific_errors():
     with pytest.raises(terse.Error) as e:
         terse.Codec("int8:bucket=3", 100)
     assert e.value.name == "TERSE_ERR_INVALID" and "bucket" in e.value.detail
-    with pytest.raises(terse.Error, match="unknown codec 'zstd'"):
+    with pytest.raises(terse.Error, match="unknown codec 'zstd'") as e:
         terse.Codec("zstd", 100)
+    # the sentence lists the codecs there are
+    assert "known: none, fp16, bf16, int8, qsgd" in e.value.detail, e.value.detail
     with pytest.raises(ValueError, match="rows"):
         terse.Codec("fp16", 0)
     with pytest.raises(TypeError, match="rows"):

@@ -12,6 +12,7 @@ def test_collectives(ranks, provider, n):
     for r in res:
         assert r["size"] == n
         assert r["provider"] == ("shm" if provider == "shm" else "net")
+        assert r["topology"] == [0, r["rank"], n, 1]  # one host
         assert r["sum_ok"] and r["avg_err"] < 1e-3
         assert r["int8_err"] < 0.05 and r["int8_residual"]
         assert r["int8_algo"] in ("gather", "gather-pipe")  # below 4 ranks: all-gather
@@ -175,7 +176,43 @@ def test_parameter_server_from_python(ranks, provider):
         assert w["pushes"] == 5
         assert "key 7 is not declared" in w["badkey"]
     assert w1["digest"] == w2["digest"]     # sync: bitwise identical on every worker
-    assert srv["applied"] == 10 and srv["closed"] == 5
+    # the server counts per partition: key 0 is 5 of them, 3 steps, 2 workers
+    # (30 pushes, 15 steps); key 1 one, pushed at steps 1 and 2 (4, 2)
+    assert srv["applied"] == 34 and srv["closed"] == 17
+
+
+def test_parameter_server_colocated_from_python(ranks):
+    res = ranks("comm_worker.py", 3, ["ps_colocate", "tcp"]).results()
+    for w in res:
+        assert not w["is_server"]
+        assert sum(w["placement"]) == 5000 * 4 and len(w["placement"]) == 3
+        assert abs(w["step1"] - (1 - 0.1 * 1.0)) < 1e-6
+        assert abs(w["step2"] - (1 - 0.2 * 1.0)) < 1e-6
+        assert "executor of its own" in w["serve"]
+    assert res[0]["digest"] == res[1]["digest"] == res[2]["digest"]
+
+
+def test_parameter_server_stale_rules_and_schedule_from_python(ranks):
+    srv, w1, w2 = ranks("comm_worker.py", 3, ["ps_rules", "tcp"]).results()
+    # the server's arithmetic (include/terse.h): weight 1/2, momentum 0.5,
+    # rate 0.5 at steps 0 (versions 0, 1: warm-up) and 1 (version 2:
+    # cosine's start). Worker 2's two fresh pushes of 0.25:
+    v = 0.5 * 0.25
+    x = -0.5 * v
+    v = 0.5 * v + 0.5 * 0.25
+    x -= 0.5 * v
+    assert abs(w2["x"] - x) < 1e-6
+    # worker 1's push of 0.5, 2 stale (step: weight / 2), computed at 0 (dc)
+    g = 0.5 + 1.0 * 0.5 * 0.5 * (x - 0.0)
+    v = 0.5 * v + 0.25 * g
+    x -= 0.5 * v
+    assert abs(w1["x"] - x) < 1e-6
+    assert srv["applied"] == 3 and srv["stale_max"] == 2
+    assert srv["dc_copy_bytes"] == 2 * 256 * 4     # each worker's pulled copy
+    for r in (srv, w1, w2):
+        for name, detail in r.items():
+            if name.startswith("bad "):
+                assert name[4:] in detail, (name, detail)
 
 
 def test_ps_aggregator_check_names_what_cannot_hold():

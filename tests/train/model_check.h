@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train.h"
+#include "train/train.h"
 
 /* ---- a fixed generator, so every run sees the same data */
 

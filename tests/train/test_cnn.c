@@ -1,4 +1,4 @@
-/* The CNN of `terse-bench train` (bench/model.c): its analytic gradients
+/* The CNN of `terse-bench train` (bench/train/model.c): its analytic gradients
  * against central differences of an independent double-precision reference
  * (a direct convolution, no im2col) and a control that shows the check can
  * fail, its loss and accuracy against that reference, a batch's gradient as
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "model_check.h"
-#include "train.h"
+#include "train/train.h"
 
 /* ---- the CNN against a direct convolution in double */
 

@@ -1,4 +1,4 @@
-/* The IDX reader (bench/idx.c): Debian's Fashion-MNIST files load with the
+/* The IDX reader (bench/train/idx.c): Debian's Fashion-MNIST files load with the
  * right shapes and balanced labels; small files round-trip raw and gzipped;
  * and every kind of damage -- each possible truncation, bad headers, sizes
  * that overflow or exceed the cap, trailing bytes, corrupt gzip -- gives a
@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "train.h"
+#include "train/train.h"
 
 /* ---- scratch files */
 

@@ -1,4 +1,4 @@
-/* The models of `terse-bench train` (bench/model.c), the softmax and the MLP,
+/* The models of `terse-bench train` (bench/train/model.c), the softmax and the MLP,
  * and what all three share: analytic gradients against central finite
  * differences (and a control that shows the check can fail), the loss against
  * an independent double-precision forward, determinism, nn.Linear's and
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "model_check.h"
-#include "train.h"
+#include "train/train.h"
 
 /* ---- an independent reference in double: plain loops over the tensors */
 

@@ -1,11 +1,11 @@
-/* terse-bench train's arithmetic (bench/train_stats.c): the learning-rate
+/* terse-bench train's arithmetic (bench/train/train_stats.c): the learning-rate
  * schedules at their corners, the t quantile against published values, and
  * the paired interval against a hand computation. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
 
-#include "train.h"
+#include "train/train.h"
 
 static train_options opts(train_schedule s, double warmup) {
     train_options o;

@@ -1,0 +1,79 @@
+/* The collectives as the engine sees them: argument checks, the bodies
+ * it runs between terse__comm_begin and terse__comm_end, and the
+ * algorithms they choose among (one file each, gloo style).
+ *
+ * This layer sits on the communicator's services (algos/comm/comm.h) and
+ * knows nothing of requests or the progress thread: the engine
+ * (algos/engine/) calls down into it, never the other way. */
+#ifndef TERSE_ALGOS_COLL_H
+#define TERSE_ALGOS_COLL_H
+
+#include "algos/comm/comm.h"
+
+/* Argument checks done at start, on the caller's thread. */
+terse_status terse__allreduce_check(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                    terse_op op);
+terse_status terse__broadcast_check(terse_comm *c, void *buf, size_t bytes, int root);
+terse_status terse__allgather_check(terse_comm *c, const void *send, size_t send_bytes,
+                                    void *recv, size_t recv_cap);
+
+/* The collectives themselves, run by the executor between
+ * terse__comm_begin and terse__comm_end. */
+terse_status terse__allreduce_run(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                  terse_op op);
+terse_status terse__broadcast_run(terse_comm *c, void *buf, size_t bytes, int root);
+terse_status terse__allgather_run(terse_comm *c, const void *send, size_t send_bytes, void *recv,
+                                  size_t recv_cap, size_t *counts, int *keep_usable);
+terse_status terse__barrier_run(terse_comm *c);
+
+/* ---- algorithms (one file each) ---- */
+
+/* Dense fp32 sum in place (any n, including 0). Chooses recursive doubling
+ * for small buffers and the pipelined ring for large ones. If divide is
+ * nonzero the result is divided by nranks (op average). */
+terse_status terse__allreduce_dense(terse_comm *c, float *buf, size_t n, int divide);
+terse_status terse__allreduce_ring(terse_comm *c, float *buf, size_t n, int divide);
+terse_status terse__allreduce_rd(terse_comm *c, float *buf, size_t n, int divide);
+/* The hierarchical one (hier_allreduce.c): reduce-scatter inside each host,
+ * one rail per local rank across hosts, all-gather inside each host. For
+ * hosts of equal size, several of them, TERSE_TOPOLOGY not flat
+ * (terse__hier_fits); terse__hier_wanted: also above the recursive-doubling
+ * size under auto (any size under hier). */
+terse_status terse__allreduce_hier(terse_comm *c, float *buf, size_t n, int divide);
+int terse__hier_fits(const terse_comm *c);
+int terse__hier_wanted(const terse_comm *c, size_t n);
+
+/* Buffers at most this many bytes take recursive doubling (TERSE_RD_MAX_BYTES). */
+static inline size_t terse__rd_max_bytes(const terse_comm *c) { return c->params.rd_max_bytes; }
+
+/* Compressed paths, chosen by terse_allreduce from the codec's table
+ * (compress/aggregate.h). */
+terse_status terse__allreduce_gather(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                     terse_op op);
+terse_status terse__allreduce_rs(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                 terse_op op);
+/* The pipelined all-gather (pipe_allreduce.c): p is the codec's cut into
+ * pieces, or NULL for one whole message. terse__pipe_fits says whether N
+ * ranks' requests fit the communicator for such a codec. */
+int terse__pipe_fits(int N, int fixed);
+struct terse__pieces;
+terse_status terse__allreduce_pipe(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                   terse_op op, const struct terse__pieces *p);
+terse_status terse__allreduce_summable(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                       terse_op op);
+terse_status terse__allreduce_rounds(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                     terse_op op);
+
+/* Exchange `bytes` per rank (framing): all + r * bytes = rank r's `mine`. */
+terse_status terse__allgather_fixed(terse_comm *c, const void *mine, size_t bytes, void *all);
+
+/* Exchange one 8-byte value per rank (framing): all[r] = rank r's value. */
+terse_status terse__allgather_u64(terse_comm *c, uint64_t mine, uint64_t *all);
+
+/* Ring all-gather of variable blocks already sized: block r lives at
+ * buf + off[r] and is len[r] bytes; this rank's block is already in place.
+ * Counts as payload. */
+terse_status terse__allgatherv_ring(terse_comm *c, uint8_t *buf, const size_t *off,
+                                    const size_t *len);
+
+#endif

@@ -1,0 +1,27 @@
+/* The lost and gone maps as a communicator's ranks see them: for a
+ * colocated parameter server's endpoints (algos/engine/engine_twin.c) a job
+ * of 2N virtual ranks over the caller's store of N, rank r's endpoints
+ * being r and N + r, so a rank lost there is lost as both. */
+#include <string.h>
+
+#include "algos/comm/comm.h"
+
+static terse_status map_virtual(terse_comm *c, int gone, const uint8_t **map) {
+    *map = NULL;
+    if (!c->store) return TERSE_OK;
+    if (!c->parent)
+        return gone ? terse__store_poll_gone(c->store, map) : terse__store_poll_lost(c->store, map);
+    const int N = c->vreal;
+    uint8_t *real = c->vmap + 2 * (size_t)N;
+    terse_status s = terse__store_copy_map(c->store, gone, real);
+    for (int v = 0; v < 2 * N; v++) c->vmap[v] = real[v % N];
+    *map = c->vmap;
+    return s;
+}
+
+terse_status terse__comm_poll_lost(terse_comm *c, const uint8_t **map) {
+    return map_virtual(c, 0, map);
+}
+terse_status terse__comm_poll_gone(terse_comm *c, const uint8_t **map) {
+    return map_virtual(c, 1, map);
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# ctest bench_allreduce_smoke: a tiny `terse-bench allreduce` over shm and
+# tcp must launch its ranks, measure every (codec, size) and print rows that
+# are ok, with positive times and byte counts -- and, when the Open MPI peer
+# was built (second argument "mpi"), MPI columns beside them.
+#   check_allreduce_smoke.sh path/to/terse-bench mpi|nompi
+set -u
+bench=${1:?usage: check_allreduce_smoke.sh TERSE_BENCH mpi|nompi}
+mpi=${2:-nompi}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+fail=0
+
+check() { # provider extra-args...
+    local provider=$1
+    shift
+    local args=(allreduce -n 2 --provider "$provider" -b 64K -e 1M -f 4 -r 3 -w 1 -t 0.5 --csv -q
+                -c dense -c topk:ratio=0.01 -c int8 "$@")
+    if ! "$bench" "${args[@]}" >"$out"; then
+        echo "FAIL: terse-bench ${args[*]} exited non-zero"
+        cat "$out"
+        fail=1
+        return
+    fi
+    # 3 codecs x 3 sizes (64K, 256K, 1M), each 'ok' with time > 0 and, for
+    # two ranks, bytes on the wire > 0. Fields: 1 spec ... 9 time_us,
+    # 12 wire_bytes, 14 eff_algbw, 19 mpi_time_us, 22 vs_mpi; status and
+    # algo are named in the header. Two ranks: dense takes recursive
+    # doubling or the ring, topk and int8 the all-gather of messages.
+    # With --vs-mpi over tcp every row comes twice, "CODEC [wire mac]" and
+    # "CODEC [wire none]" (terse's MAC against Open MPI's nothing).
+    local want=9
+    [[ $provider == tcp && $* == *--vs-mpi* ]] && want=18
+    local got
+    got=$(awk -F, -v mpi="$*" '
+        NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+        { status = $col["status"]; algo = $col["algo"] }
+        status == "ok" && $9 > 0 && $12 > 0 && $14 > 0 &&
+            (mpi == "" || ($19 > 0 && $22 > 0)) &&
+            (($1 ~ /^"dense( \[wire (mac|none)\])?"$/ && algo ~ /^dense-(rd|ring)$/) ||
+             ($1 !~ /^"dense/ && algo ~ /^gather(-pipe)?$/)) { n++ }
+        END { print n + 0 }' "$out")
+    if [[ $got != "$want" ]]; then
+        echo "FAIL: $provider: expected $want ok rows, got $got"
+        cat "$out"
+        fail=1
+    else
+        echo "ok: $provider: $got rows${*:+ (with $*)}"
+    fi
+}
+
+if [[ $mpi == mpi ]]; then
+    check shm --vs-mpi
+    check tcp --vs-mpi
+else
+    check shm
+    check tcp
+fi
+
+# Six ranks: fp16 at 1 MiB (512 KiB messages, 85 KiB pieces; gathering them
+# would move 3x dense) takes the compressed reduce-scatter by default, the
+# all-gather when told, and the reduce-scatter sends about a third of the
+# gather's bytes.
+algo_bytes() { # env... -> "algo wire_bytes" of the one fp16 row
+    env "$@" "$bench" allreduce -n 6 --provider shm -b 1M -e 1M -r 3 -w 1 -t 0.5 --csv -q \
+        -c fp16 | awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+                           $col["status"] == "ok" { print $col["algo"], $col["wire_bytes"] }'
+}
+read -r a_rs b_rs < <(algo_bytes -u TERSE_COMPRESSED_ALGO)
+read -r a_g b_g < <(algo_bytes TERSE_COMPRESSED_ALGO=gather)
+if [[ ${a_rs:-} != rs || ! ${a_g:-} =~ ^gather(-pipe)?$ ]] ||
+   ! awk -v r="${b_rs:-0}" -v g="${b_g:-0}" 'BEGIN { exit !(r > 0 && g > 0 && r < 0.45 * g) }'; then
+    echo "FAIL: 6 ranks fp16 1M: default '${a_rs:-none}' ${b_rs:-?} B, gather '${a_g:-none}' ${b_g:-?} B"
+    fail=1
+else
+    echo "ok: 6 ranks fp16 1M: rs sends $b_rs B per rank, gather $b_g B"
+fi
+
+# Usage errors are exit 2 and never start a rank.
+"$bench" allreduce -c 'nosuchcodec' >/dev/null 2>&1
+rc=$?
+if [[ $rc != 2 ]]; then
+    echo "FAIL: a bad codec spec gave exit status $rc, not 2"
+    fail=1
+fi
+"$bench" allreduce -b 6 >/dev/null 2>&1
+rc=$?
+if [[ $rc != 2 ]]; then
+    echo "FAIL: a size that is not a multiple of 4 gave exit status $rc, not 2"
+    fail=1
+fi
+exit $fail

@@ -1,0 +1,361 @@
+"""terse.Comm and terse.Request: the communicator, its collectives (blocking
+and started), groups, and the requests they return."""
+
+import ctypes
+import threading
+
+from . import _capi
+from ._base import (_Closing, Error, _byte_buffer, _call, _describe, _float_buffer, _last_error, _lib, _op, _raise, _spec)
+from ._codec import Codec
+
+# ---------------------------------------------------------------- requests
+
+class Request:
+    """A collective in flight (terse_X_start). It keeps its buffers and
+    codec alive until it completes; wait() raises terse.Error on failure."""
+
+    def __init__(self, comm, h, keep, what):
+        self._comm = comm
+        self._h = h
+        self._keep = keep
+        self._what = what
+        self._status = None
+        self._detail = ""
+        self._lock = threading.Lock()
+        self.result = None
+
+    def _finished(self):
+        return self._status is not None
+
+    def _complete(self, st, detail):
+        # With the lock held, once the library said the request is done.
+        self._status = st
+        self._detail = detail
+        _lib.terse_request_free(self._h)
+        self._h = None
+        keep, self._keep = self._keep, None
+        self._comm._requests.discard(self)
+        return keep  # dropped by the caller once the lock is released
+
+    def _poll(self):
+        """Test without raising (and without blocking on another waiter)."""
+        if self._status is not None or not self._lock.acquire(blocking=False):
+            return
+        keep = None
+        try:
+            if self._status is None:
+                done = ctypes.c_int(0)
+                st = _lib.terse_request_test(self._h, ctypes.byref(done))
+                if done.value:
+                    keep = self._complete(st, _last_error(st))
+        finally:
+            self._lock.release()
+        del keep
+
+    def test(self):
+        """True once complete (raises terse.Error if it failed, or if it
+        cannot be tested now, e.g. inside its unended group)."""
+        keep = None
+        with self._lock:
+            if self._status is None:
+                done = ctypes.c_int(0)
+                st = _lib.terse_request_test(self._h, ctypes.byref(done))
+                if done.value:
+                    keep = self._complete(st, _last_error(st))
+                elif st != 0:
+                    raise Error(st, _last_error(st), self._what + " (test)")
+        del keep
+        if self._status is None:
+            return False
+        self._check()
+        return True
+
+    def wait(self, raise_error=True):
+        """Block until complete (the GIL is released meanwhile); return the
+        result (for allgather: a list of bytes per rank), or raise
+        terse.Error. Inside its unended group a request cannot be waited
+        for: that raises ERR_INVALID and leaves the request in flight."""
+        keep = None
+        with self._lock:
+            if self._status is None:
+                st = _lib.terse_request_wait(self._h)
+                detail = _last_error(st)
+                done = ctypes.c_int(0)
+                _lib.terse_request_test(self._h, ctypes.byref(done))
+                if done.value:
+                    keep = self._complete(st, detail)
+                else:
+                    raise Error(st, detail, self._what + " (wait)")
+        del keep
+        if raise_error:
+            self._check()
+        return self.result
+
+    @property
+    def status(self):
+        """None while in flight, else the terse status."""
+        return self._status
+
+    def _check(self):
+        if self._status != 0:
+            raise Error(self._status, self._detail, self._what)
+
+    def __del__(self):
+        try:
+            if self._h:
+                self.wait(raise_error=False)
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------- communicator
+
+class Comm(_Closing):
+    """A communicator (terse_comm_init). Every argument left None is taken
+    from the environment as the C library does (TERSE_RANK/RANK,
+    TERSE_SIZE/WORLD_SIZE, TERSE_ADDR or MASTER_ADDR:MASTER_PORT,
+    TERSE_PROVIDER, TERSE_TOKEN, TERSE_TIMEOUT_MS, TERSE_REJOIN). Collective
+    calls are made by every rank in the same order, from one thread at a
+    time. rejoin=True joins a running job as the replacement of a lost
+    parameter server (replicas 2; see terse_comm_config.rejoin in terse.h)."""
+
+    def __init__(self, rank=None, size=None, addr=None, provider=None, token=None,
+                 timeout_ms=None, init_timeout_ms=None, rejoin=None):
+        cfg = _capi.CommConfig()
+        cfg.size = ctypes.sizeof(cfg)
+        cfg.rank = -1 if rank is None else int(rank)
+        cfg.nranks = -1 if size is None else int(size)
+        cfg.addr = None if addr is None else _spec(addr, "addr")
+        cfg.provider = None if provider is None else _spec(provider, "provider")
+        tok = None if token is None else (token.encode() if isinstance(token, str) else bytes(token))
+        cfg.token = tok
+        cfg.timeout_ms = 0 if timeout_ms is None else int(timeout_ms)
+        cfg.init_timeout_ms = 0 if init_timeout_ms is None else int(init_timeout_ms)
+        cfg.rejoin = -1 if rejoin is None else int(bool(rejoin))
+        h = _capi.handle()
+        st = _lib.terse_comm_init(ctypes.byref(cfg), ctypes.byref(h))
+        cfg.token = None
+        del tok
+        if st != 0:
+            _raise(st, "terse.Comm")
+        self._h = h
+        self._requests = set()
+        # Start calls come from one thread at a time (terse.h): this lock
+        # makes it so when several Python threads share a Comm.
+        self._start_lock = threading.RLock()
+        self.rank = _lib.terse_comm_rank(h)
+        self.size = _lib.terse_comm_size(h)
+        self.provider = _lib.terse_comm_provider(h).decode()
+        # hosts (terse_comm_topology): this rank's host index, local rank,
+        # local size, and the number of hosts
+        vals = [ctypes.c_int(-1) for _ in range(4)]
+        st = _lib.terse_comm_topology(h, *[ctypes.byref(v) for v in vals])
+        if st != 0:
+            _raise(st, "terse.Comm")
+        self.host_index, self.local_rank, self.local_size, self.num_hosts = (
+            v.value for v in vals)
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("this terse.Comm is closed")
+        return self._h
+
+    def close(self):
+        """terse_comm_free. Requests still in flight are aborted first and
+        waited for (also those another thread is waiting on), so that no
+        thread is inside the library with this communicator when it goes."""
+        h = self._h
+        if not h:
+            return
+        with self._start_lock:
+            pending = [r for r in list(self._requests) if not r._finished()]
+            if pending:
+                _lib.terse_comm_abort(h)
+            for r in pending:
+                try:
+                    r.wait(raise_error=False)
+                except Error:
+                    pass  # inside an unended group: terse_comm_free aborts it
+            self._h = None
+            _lib.terse_comm_free(h)
+
+    def abort(self):
+        """terse_comm_abort: from any thread; everything in flight and every
+        later call fails with ERR_ABORTED. Then only close() is left."""
+        h = self._h
+        if h:
+            _lib.terse_comm_abort(h)
+
+    def __repr__(self):
+        if not self._h:
+            return "<terse.Comm closed>"
+        return "<terse.Comm rank %d of %d on %s>" % (self.rank, self.size, self.provider)
+
+    # -- helpers
+    def _codec(self, codec, n):
+        if codec is None:
+            return None
+        if not isinstance(codec, Codec):
+            raise TypeError("codec must be a terse.Codec or None, not %s" % _describe(codec))
+        h = codec._handle()
+        if codec.elements != n:
+            raise ValueError("the codec is for %d elements; the buffer has %d"
+                             % (codec.elements, n))
+        return h
+
+    def _start(self, what, fn, args, keep, codec=None):
+        r = _capi.handle()
+        with self._start_lock:
+            _call(what, fn, self._handle(), *args, ctypes.byref(r))
+            req = Request(self, r, keep, what)
+            self._requests.add(req)
+        if codec is not None:
+            codec._busy = req
+        return req
+
+    def _blocking(self, what, fn, *args):
+        with self._start_lock:
+            _call(what, fn, self._handle(), *args)
+
+    # -- collectives
+    def allreduce(self, buf, codec=None, op="sum"):
+        """All-reduce buf in place (dense fp32 without a codec; with one, the
+        codec's compressed exchange). op: "sum" or "avg". Returns buf."""
+        addr, n, keep = _float_buffer(buf, "buf", True)
+        ch = self._codec(codec, n)
+        self._blocking("terse.Comm.allreduce", _lib.terse_allreduce, addr, n, ch, _op(op))
+        del keep
+        return buf
+
+    def allreduce_algorithm(self, n, codec=None):
+        """The algorithm allreduce runs for n floats with this codec (None:
+        dense): "dense-rd", "dense-ring", "rounds", "summable", "gather",
+        "gather-pipe" (the all-gather in pieces), "rs" (compressed
+        reduce-scatter) or "local" (one rank)."""
+        ch = self._codec(codec, int(n))
+        return _lib.terse_allreduce_algorithm(self._handle(), ch, int(n)).decode()
+
+    def allreduce_start(self, buf, codec=None, op="sum"):
+        addr, n, keep = _float_buffer(buf, "buf", True)
+        ch = self._codec(codec, n)
+        req = self._start("terse.Comm.allreduce_start", _lib.terse_allreduce_start,
+                          (addr, n, ch, _op(op)), (keep, codec), codec)
+        req.result = buf
+        return req
+
+    def broadcast(self, buf, root=0):
+        """Copy root's buf (any contiguous buffer) into every rank's buf."""
+        addr, n, keep = _byte_buffer(buf, "buf", True)
+        self._blocking("terse.Comm.broadcast", _lib.terse_broadcast, addr, n, int(root))
+        del keep
+        return buf
+
+    def broadcast_start(self, buf, root=0):
+        addr, n, keep = _byte_buffer(buf, "buf", True)
+        req = self._start("terse.Comm.broadcast_start", _lib.terse_broadcast_start,
+                          (addr, n, int(root)), keep)
+        req.result = buf
+        return req
+
+    def _gather_sizes(self, send):
+        # Sizes first (a barrier-like exchange of 8 bytes per rank), so the
+        # caller does not need to know the total.
+        import struct
+        mine = struct.pack("<Q", send[1])
+        out = ctypes.create_string_buffer(8 * self.size)
+        counts = (ctypes.c_size_t * self.size)()
+        sa = ctypes.create_string_buffer(mine, 8)
+        self._blocking("terse.Comm.allgather", _lib.terse_allgather, sa, 8, out,
+                       8 * self.size, counts)
+        return sum(struct.unpack("<%dQ" % self.size, out.raw))
+
+    def allgather(self, send, recv_cap=None):
+        """Gather every rank's bytes: returns (list of bytes per rank).
+        recv_cap (total bytes) skips the size exchange when known."""
+        sa = _byte_buffer(send, "send", False)
+        total = self._gather_sizes(sa) if recv_cap is None else _cap(recv_cap)
+        out = ctypes.create_string_buffer(max(total, 1))
+        counts = (ctypes.c_size_t * self.size)()
+        self._blocking("terse.Comm.allgather", _lib.terse_allgather, sa[0], sa[1],
+                       out, total, counts)
+        return _split(out.raw, counts)
+
+    def allgather_start(self, send, recv_cap):
+        """Non-blocking allgather; recv_cap is the total byte count (every
+        rank's contribution). wait() returns a list of bytes per rank."""
+        sa = _byte_buffer(send, "send", False)
+        cap = _cap(recv_cap)
+        out = ctypes.create_string_buffer(max(cap, 1))
+        counts = (ctypes.c_size_t * self.size)()
+        req = self._start("terse.Comm.allgather_start", _lib.terse_allgather_start,
+                          (sa[0], sa[1], out, cap, counts), (sa, out, counts))
+        orig = req._complete
+
+        def complete(st, detail, req=req, orig=orig, out=out, counts=counts):
+            if st == 0:
+                req.result = _split(out.raw, counts)
+            return orig(st, detail)
+        req._complete = complete
+        return req
+
+    def barrier(self):
+        self._blocking("terse.Comm.barrier", _lib.terse_barrier)
+
+    def barrier_start(self):
+        return self._start("terse.Comm.barrier_start", _lib.terse_barrier_start, (), None)
+
+    def group(self):
+        """A context manager around terse_group_start/_end: the starts
+        inside are submitted together (small dense allreduces fused)."""
+        return _Group(self)
+
+    def stats(self):
+        """dict of terse_comm_stats: ops, payload/wire bytes sent and
+        received, codec_seconds, network_seconds, auth_failures,
+        stranger_drops, control_bytes_sent/recv (the 64-byte call
+        descriptors)."""
+        s = _capi.CommStats()
+        s.size = ctypes.sizeof(s)
+        _call("terse.Comm.stats", _lib.terse_comm_get_stats, self._handle(), ctypes.byref(s))
+        return {f: getattr(s, f) for f, _ in _capi.CommStats._fields_ if f != "size"}
+
+    def reset_stats(self):
+        _lib.terse_comm_reset_stats(self._handle())
+
+
+def _cap(v):
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError("recv_cap must be an int, not %s" % _describe(v))
+    if v < 0:
+        raise ValueError("recv_cap must be >= 0, not %d" % v)
+    return v
+
+
+def _split(raw, counts):
+    out, off = [], 0
+    for c in counts:
+        out.append(raw[off: off + c])
+        off += c
+    return out
+
+
+class _Group:
+    def __init__(self, comm):
+        self._comm = comm
+
+    def __enter__(self):
+        c = self._comm
+        c._start_lock.acquire()
+        try:
+            _call("terse.Comm.group", _lib.terse_group_start, c._handle())
+        except BaseException:
+            c._start_lock.release()
+            raise
+        return c
+
+    def __exit__(self, *exc):
+        c = self._comm
+        try:
+            _call("terse.Comm.group", _lib.terse_group_end, c._handle())
+        finally:
+            c._start_lock.release()

@@ -1,0 +1,525 @@
+/* Hosts (issue 28, stage 1): grouping ranks by TERSE_HOST or host
+ * identity at init, terse_comm_topology, and the refusals -- a malformed
+ * TERSE_HOST, ranks grouped on one "host" that cannot share memory, and
+ * launcher variables that contradict the grouping -- each on every rank
+ * alike with a sentence, never a guess. Real processes (tests/ranks.h). */
+#include <sched.h>
+#include <sys/mount.h>
+
+#include <math.h>
+
+#include "algos/comm/comm.h"
+#include "ranks.h"
+
+/* Per test: each rank's TERSE_HOST (NULL: unset) and extra variables. */
+typedef struct {
+    const char *host[TR_MAX_RANKS];
+    const char *var, *val[TR_MAX_RANKS]; /* one more variable per rank */
+    int own_shm_rank;                     /* this rank gets a /dev/shm of its own (-1: none) */
+} host_setup;
+
+static void set_host(int rank, const void *arg) {
+    const host_setup *h = arg;
+    char buf[16];
+    snprintf(buf, sizeof buf, "%d", rank);
+    setenv("TERSE_RANK", buf, 1); /* a launcher's rank and size naming this job */
+    setenv("RANK", buf, 1);       /* torchrun's too (counts only with WORLD_SIZE) */
+    if (getenv("TOPO_SIZE_OVERRIDE")) setenv("TERSE_SIZE", getenv("TOPO_SIZE_OVERRIDE"), 1);
+    unsetenv("TERSE_LOCAL_RANK");
+    unsetenv("TERSE_LOCAL_SIZE");
+    if (h->host[rank])
+        setenv("TERSE_HOST", h->host[rank], 1);
+    else
+        unsetenv("TERSE_HOST");
+    if (h->var && h->val[rank]) setenv(h->var, h->val[rank], 1);
+    if (h->own_shm_rank == rank) {
+        /* a mount namespace with its own tmpfs on /dev/shm: shm could not
+         * reach this rank from the others */
+        if (unshare(CLONE_NEWNS) != 0 ||
+            mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+            mount("tmpfs", "/dev/shm", "tmpfs", 0, "mode=1777") != 0)
+            _exit(77);
+    }
+}
+
+static int topo_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    int h = -9, lr = -9, ls = -9, nh = -9;
+    TR_CALL(o, terse_comm_topology(c, &h, &lr, &ls, &nh));
+    o->u[0] = (uint64_t)h;
+    o->u[1] = (uint64_t)lr;
+    o->u[2] = (uint64_t)ls;
+    o->u[3] = (uint64_t)nh;
+    for (int r = 0; r < terse_comm_size(c); r++) o->u[8 + r] = (uint64_t)terse_comm_host_of(c, r);
+    snprintf(o->err, sizeof o->err, "%s", terse_comm_provider(c));
+    /* the flat path still sums right over the grouping */
+    float x[1000];
+    for (int i = 0; i < 1000; i++) x[i] = (float)(terse_comm_rank(c) + 1) * (float)i;
+    TR_CALL(o, terse_allreduce(c, x, 1000, NULL, TERSE_OP_SUM));
+    const int N = terse_comm_size(c);
+    for (int i = 0; i < 1000; i++)
+        if (x[i] != (float)(N * (N + 1) / 2) * (float)i) return tr_fail(o, TERSE_ERR_INTERNAL, "sum");
+    return 0;
+}
+
+static void setenv_size(int n) {
+    char buf[16];
+    snprintf(buf, sizeof buf, "%d", n);
+    setenv("TERSE_SIZE", buf, 1);
+}
+
+static tr_out *run_topo(const char *provider, int n, host_setup *h) {
+    setenv_size(n);
+    tr_before_init = set_host;
+    tr_job job = {provider, n, 20000, 60, -1};
+    return tr_run(&job, topo_body, h);
+}
+
+static void expect_rank(const tr_out *o, int r, int host, int lr, int ls, int nh) {
+    cr_expect_eq((int)o[r].u[0], host, "rank %d host %d", r, (int)o[r].u[0]);
+    cr_expect_eq((int)o[r].u[1], lr, "rank %d local rank %d", r, (int)o[r].u[1]);
+    cr_expect_eq((int)o[r].u[2], ls, "rank %d local size %d", r, (int)o[r].u[2]);
+    cr_expect_eq((int)o[r].u[3], nh, "rank %d hosts %d", r, (int)o[r].u[3]);
+}
+
+Test(topology, two_hosts_of_two_interleaved) {
+    host_setup h = {.host = {"b", "a", "b", "a"}, .own_shm_rank = -1};
+    tr_out *o = run_topo("tcp", 4, &h);
+    /* hosts are numbered by their lowest rank: "b" is host 0 */
+    expect_rank(o, 0, 0, 0, 2, 2);
+    expect_rank(o, 1, 1, 0, 2, 2);
+    expect_rank(o, 2, 0, 1, 2, 2);
+    expect_rank(o, 3, 1, 1, 2, 2);
+    for (int r = 0; r < 4; r++)
+        for (int q = 0; q < 4; q++) cr_expect_eq((int)o[r].u[8 + q], q % 2);
+    tr_release(o);
+}
+
+Test(topology, uneven_three_and_one_with_launcher_variables_that_agree) {
+    host_setup h = {.host = {"x", "x", "y", "x"},
+                    .var = "TERSE_LOCAL_RANK",
+                    .val = {"0", "1", "0", "2"},
+                    .own_shm_rank = -1};
+    tr_out *o = run_topo("tcp", 4, &h);
+    expect_rank(o, 0, 0, 0, 3, 2);
+    expect_rank(o, 1, 0, 1, 3, 2);
+    expect_rank(o, 2, 1, 0, 1, 2);
+    expect_rank(o, 3, 0, 2, 3, 2);
+    tr_release(o);
+}
+
+Test(topology, one_host_auto_is_shm_as_before) {
+    host_setup h = {.own_shm_rank = -1};
+    tr_out *o = run_topo("auto", 3, &h);
+    for (int r = 0; r < 3; r++) {
+        expect_rank(o, r, 0, r, 3, 1);
+        cr_expect_str_eq(o[r].err, "shm");
+    }
+    tr_release(o);
+}
+
+Test(topology, single_rank) {
+    terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+    cfg.rank = 0;
+    cfg.nranks = 1;
+    terse_comm *c = NULL;
+    cr_assert_eq(terse_comm_init(&cfg, &c), TERSE_OK, "%s", terse_last_error());
+    int h = -9, lr = -9, ls = -9, nh = -9;
+    cr_expect_eq(terse_comm_topology(c, &h, &lr, &ls, &nh), TERSE_OK);
+    cr_expect(h == 0 && lr == 0 && ls == 1 && nh == 1);
+    cr_expect_eq(terse_comm_topology(c, NULL, NULL, NULL, NULL), TERSE_OK);
+    cr_expect_eq(terse_comm_host_of(c, 0), 0);
+    cr_expect_eq(terse_comm_host_of(c, 1), -1);
+    cr_expect_eq(terse_comm_host_of(c, -1), -1);
+    terse_comm_free(c);
+    cr_expect_eq(terse_comm_topology(NULL, &h, NULL, NULL, NULL), TERSE_ERR_INVALID);
+    cr_expect_eq(terse_comm_host_of(NULL, 0), -1);
+}
+
+/* ---- refusals: every rank's init fails alike ---- */
+
+typedef struct {
+    int status;
+    int exited; /* 77: the setup could not run (no root) */
+    char err[768];
+} init_out;
+
+/* n ranks run terse_comm_init after set_host; outs[r] says how it went. */
+static init_out *run_inits(int n, host_setup *h) {
+    init_out *outs = mmap(NULL, sizeof(init_out) * TR_MAX_RANKS, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(outs, MAP_FAILED);
+    memset(outs, 0, sizeof(init_out) * TR_MAX_RANKS);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", tr_free_port());
+    setenv_size(n);
+    pid_t pids[TR_MAX_RANKS];
+    fflush(NULL);
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        cr_assert_geq(pids[r], 0);
+        if (pids[r] == 0) {
+            set_host(r, h);
+            terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
+            cfg.rank = r;
+            cfg.nranks = n;
+            cfg.addr = addr;
+            cfg.provider = "tcp";
+            cfg.token = "collectives-test-token";
+            cfg.timeout_ms = 20000;
+            terse_comm *c = NULL;
+            terse_status s = terse_comm_init(&cfg, &c);
+            outs[r].status = (int)s;
+            snprintf(outs[r].err, sizeof outs[r].err, "%s", terse_last_error());
+            terse_comm_free(c);
+            _exit(0);
+        }
+    }
+    double until = tr_now_ms() + 60000;
+    int left = n, st[TR_MAX_RANKS];
+    for (int r = 0; r < n; r++) st[r] = -1;
+    while (left && tr_now_ms() < until) {
+        for (int r = 0; r < n; r++)
+            if (st[r] == -1 && waitpid(pids[r], &st[r], WNOHANG) == pids[r]) left--;
+        if (left) usleep(2000);
+    }
+    for (int r = 0; r < n; r++)
+        if (st[r] == -1) {
+            kill(pids[r], SIGKILL);
+            waitpid(pids[r], &st[r], 0);
+        }
+    cr_assert_eq(left, 0, "init hung");
+    for (int r = 0; r < n; r++) outs[r].exited = WIFEXITED(st[r]) ? WEXITSTATUS(st[r]) : -1;
+    return outs;
+}
+
+/* Every rank's init failed with TERSE_ERR_INVALID and a sentence holding
+ * a and b. */
+static void expect_refused(const init_out *o, int n, const char *a, const char *b) {
+    for (int r = 0; r < n; r++) {
+        cr_expect_eq(o[r].exited, 0, "rank %d exited %d", r, o[r].exited);
+        cr_expect_eq(o[r].status, TERSE_ERR_INVALID, "rank %d: %s: %s", r,
+                     terse_status_name(o[r].status), o[r].err);
+        cr_expect(strstr(o[r].err, a), "rank %d: '%s' not in: %s", r, a, o[r].err);
+        if (b) cr_expect(strstr(o[r].err, b), "rank %d: '%s' not in: %s", r, b, o[r].err);
+    }
+}
+
+Test(topology, launcher_local_rank_contradicting_the_grouping_fails_every_rank) {
+    /* torchrun's variables say 2 ranks a host; TERSE_HOST groups 3 + 1 */
+    host_setup h = {.host = {"p", "p", "p", "q"},
+                    .var = "LOCAL_WORLD_SIZE",
+                    .val = {"2", "2", "2", "2"},
+                    .own_shm_rank = -1};
+    setenv("WORLD_SIZE", "4", 1); /* with RANK (set_host): torchrun names this job */
+    setenv("LOCAL_RANK", "0", 1); /* rank 0 agrees on its local rank */
+    init_out *o = run_inits(4, &h);
+    expect_refused(o, 4, "LOCAL_WORLD_SIZE=2", "local rank 0 of 3 on host 'p'");
+    munmap(o, sizeof(init_out) * TR_MAX_RANKS);
+}
+
+Test(topology, terse_local_rank_contradicting_fails_every_rank) {
+    host_setup h = {.host = {"p", "p", "q"},
+                    .var = "TERSE_LOCAL_RANK",
+                    .val = {"0", "0", "0"}, /* rank 1 is local rank 1 of host p */
+                    .own_shm_rank = -1};
+    init_out *o = run_inits(3, &h);
+    expect_refused(o, 3, "rank 1: its launcher says TERSE_LOCAL_RANK=0",
+                   "local rank 1 of 2 on host 'p' (ranks 0, 1)");
+    munmap(o, sizeof(init_out) * TR_MAX_RANKS);
+}
+
+Test(topology, variables_of_another_job_are_ignored) {
+    /* TERSE_SIZE names another size: its TERSE_LOCAL_RANK is not ours */
+    host_setup h = {.host = {"p", "p"},
+                    .var = "TERSE_LOCAL_RANK",
+                    .val = {"5", "5"},
+                    .own_shm_rank = -1};
+    init_out *o = run_inits(2, &h); /* sets TERSE_SIZE=2 ... */
+    for (int r = 0; r < 2; r++) cr_expect_eq(o[r].status, TERSE_ERR_INVALID, "%s", o[r].err);
+    munmap(o, sizeof(init_out) * TR_MAX_RANKS);
+    setenv("TOPO_SIZE_OVERRIDE", "7", 1); /* ... so run again with TERSE_SIZE=7 */
+    o = run_inits(2, &h);
+    for (int r = 0; r < 2; r++)
+        cr_expect_eq(o[r].status, TERSE_OK, "rank %d: %s", r, o[r].err);
+    munmap(o, sizeof(init_out) * TR_MAX_RANKS);
+}
+
+Test(topology, malformed_terse_host_fails_every_rank) {
+    host_setup h = {.host = {"ok", "has space"}, .own_shm_rank = -1};
+    init_out *o = run_inits(2, &h);
+    expect_refused(o, 2, "rank 1's TERSE_HOST", "printable");
+    munmap(o, sizeof(init_out) * TR_MAX_RANKS);
+}
+
+Test(topology, one_host_value_over_separate_shared_memory_fails_every_rank) {
+    if (geteuid() != 0) {
+        fprintf(stderr, "[NOTE] topology: not root: the /dev/shm mount namespace test did "
+                        "not run\n");
+        return;
+    }
+    host_setup h = {.host = {"same", "same"}, .own_shm_rank = 1};
+    init_out *o = run_inits(2, &h);
+    if (o[1].exited == 77) {
+        fprintf(stderr, "[NOTE] topology: unshare/mount of /dev/shm refused here: the "
+                        "separate-/dev/shm test did not run\n");
+        munmap(o, sizeof(init_out) * TR_MAX_RANKS);
+        return;
+    }
+    expect_refused(o, 2, "ranks 0 and 1 are grouped on host 'same' but cannot share memory",
+                   NULL);
+    munmap(o, sizeof(init_out) * TR_MAX_RANKS);
+}
+
+/* ---- stage 2: two endpoints, routed per peer ---- */
+
+/* Collectives over shm (same host) and the network (other hosts) at once:
+ * dense sums exact against an integer reference, compressed results equal
+ * bit for bit on every rank. u[4]: 1 if the provider is the routed pair. */
+static int routed_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c), N = terse_comm_size(c);
+    o->u[4] = (uint64_t)(strcmp(terse_comm_provider(c), "shm+net") == 0);
+    snprintf(o->err, sizeof o->err, "%s", terse_comm_provider(c));
+    static const size_t sizes[] = {7, 5000, 1 << 20}; /* rd, small ring, chunked ring */
+    for (size_t k = 0; k < 3; k++) {
+        size_t n = sizes[k];
+        float *x = malloc(n * sizeof *x);
+        if (!x) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
+        for (size_t i = 0; i < n; i++) x[i] = (float)((int)(i % 1000) - 500 + r * 7);
+        TR_CALL(o, terse_allreduce(c, x, n, NULL, TERSE_OP_SUM));
+        for (size_t i = 0; i < n; i++) {
+            double want = 0; /* the float64 reference (exact: small integers) */
+            for (int q = 0; q < N; q++) want += (double)((int)(i % 1000) - 500 + q * 7);
+            if ((double)x[i] != want) {
+                free(x);
+                return tr_fail(o, TERSE_ERR_INTERNAL, "dense sum differs from the reference");
+            }
+        }
+        free(x);
+    }
+    o->u[5] = (uint64_t)(strcmp(terse_allreduce_algorithm(c, NULL, 1 << 20), "dense-hier") == 0);
+    /* codecs of three families (messages, rounds, summable): every rank
+     * the same bits */
+    static const char *const specs[] = {"int8", "powersgd:rank=4", "randk:ratio=0.1"};
+    const size_t n = 300 * 400;
+    float *g = malloc(n * sizeof *g);
+    for (int k = 0; k < 3; k++) {
+        terse_codec *codec = NULL;
+        TR_CALL(o, terse_codec_create(specs[k], 300, 400, &codec));
+        for (int step = 0; step < 2; step++) {
+            for (size_t i = 0; i < n; i++) g[i] = sinf((float)(i + 1) * 0.001f * (float)(r + 1));
+            TR_CALL(o, terse_allreduce(c, g, n, codec, TERSE_OP_AVG));
+        }
+        o->hash[k == 0 ? 0 : 1 + k] = tr_hash(g, n * sizeof *g);
+        terse_codec_free(codec);
+    }
+    free(g);
+    /* broadcast from the last rank, allgather, barrier */
+    size_t bytes = 3u << 20;
+    uint8_t *b = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) b[i] = (uint8_t)(r == N - 1 ? i * 31 + 7 : 0);
+    TR_CALL(o, terse_broadcast(c, b, bytes, N - 1));
+    o->hash[1] = tr_hash(b, bytes);
+    free(b);
+    int mine = 1000 + r, all[TR_MAX_RANKS];
+    TR_CALL(o, terse_allgather(c, &mine, sizeof mine, all, sizeof all, NULL));
+    for (int q = 0; q < N; q++)
+        if (all[q] != 1000 + q) return tr_fail(o, TERSE_ERR_INTERNAL, "allgather");
+    TR_CALL(o, terse_barrier(c));
+    return 0;
+}
+
+/* routed: bit r set if rank r should have the routed pair */
+/* hier: bit r set if rank r should run 1M floats on the hierarchical path */
+static void check_routed(const char *topology, int n, host_setup *h, unsigned routed,
+                         unsigned hier) {
+    setenv_size(n);
+    if (topology) setenv("TERSE_TOPOLOGY", topology, 1);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", n, 20000, 90, -1};
+    tr_out *o = tr_run(&job, routed_body, h);
+    for (int r = 0; r < n; r++) {
+        cr_expect_eq((unsigned)o[r].u[4], (routed >> r) & 1u, "rank %d: provider %s", r, o[r].err);
+        cr_expect_eq(o[r].hash[0], o[0].hash[0], "rank %d's int8 result differs from rank 0's", r);
+        cr_expect_eq(o[r].hash[1], o[0].hash[1], "rank %d's broadcast differs", r);
+        cr_expect_eq(o[r].hash[2], o[0].hash[2], "rank %d's powersgd result differs", r);
+        cr_expect_eq(o[r].hash[3], o[0].hash[3], "rank %d's randk result differs", r);
+        cr_expect_eq((unsigned)o[r].u[5], (hier >> r) & 1u, "rank %d: hierarchical %d", r,
+                     (int)o[r].u[5]);
+    }
+    tr_release(o);
+}
+
+Test(routed, two_hosts_of_two_shm_inside_net_between) {
+    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    check_routed(NULL, 4, &h, 0xf, 0xf);
+}
+
+Test(routed, uneven_three_and_one) {
+    /* rank 1 is alone on its host: the network only */
+    host_setup h = {.host = {"a", "b", "a", "a"}, .own_shm_rank = -1};
+    check_routed(NULL, 4, &h, 0xd, 0); /* hosts of unequal size: flat algorithms */
+}
+
+Test(routed, one_rank_a_host_is_not_routed) {
+    host_setup h = {.host = {"a", "b", "c"}, .own_shm_rank = -1};
+    check_routed(NULL, 3, &h, 0, 0);
+}
+
+Test(routed, topology_flat_keeps_one_provider) {
+    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    check_routed("flat", 4, &h, 0, 0);
+}
+
+Test(routed, topology_hier_at_every_size_three_hosts_of_two) {
+    host_setup h = {.host = {"a", "b", "c", "a", "b", "c"}, .own_shm_rank = -1};
+    check_routed("hier", 6, &h, 0x3f, 0x3f);
+}
+
+/* Rank 3 dies mid-loop: rank 2 reaches it through shm, ranks 0 and 1
+ * through the network; every survivor fails naming it. */
+static int routed_kill_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const size_t n = 1 << 18;
+    float *y = calloc(n, sizeof(float));
+    TR_CALL(o, terse_allreduce(c, y, n, NULL, TERSE_OP_SUM));
+    tr_say_ready(o);
+    tr_wait_all_ready(c, o);
+    tr_last_rank_dies_in(c, 100);
+    if (tr_allreduce_until_failure(c, o, y, n, NULL, TERSE_OP_SUM, 100000, NULL)) {
+        free(y);
+        return 0;
+    }
+    free(y);
+    return tr_fail(o, TERSE_OK, "every all-reduce succeeded although a rank was killed");
+}
+
+Test(routed, a_killed_rank_is_named_by_survivors_on_both_endpoints) {
+    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    setenv_size(4);
+    tr_before_init = set_host;
+    const int timeout_ms = 4000;
+    tr_job job = {"tcp", 4, timeout_ms, 60, 3};
+    tr_out *o = tr_run(&job, routed_kill_body, &h);
+    for (int r = 0; r < 3; r++) {
+        terse_status s = (terse_status)o[r].u[0];
+        cr_expect(s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT, "survivor %d got %s (%s)",
+                  r, terse_status_name(s), o[r].err);
+        cr_expect(strstr(o[r].err, "rank 3"), "survivor %d does not name rank 3: %s", r,
+                  o[r].err);
+    }
+    tr_release(o);
+}
+
+/* Rank 2's network chunks carry altered MACs (a relay flipping bits on the
+ * link between the hosts): its rail partner, rank 0, fails naming it; no
+ * rank returns TERSE_OK with a wrong sum. u[0] status of the tampered call,
+ * u[1] wrong elements after TERSE_OK, u[2] auth failures counted. */
+static int routed_tamper_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c);
+    const size_t n = 1 << 20;
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(r + 1);
+    TR_CALL(o, terse_allreduce(c, x, n, NULL, TERSE_OP_SUM));
+    if (r == 2) terse__fabric_test_tamper(c->fabric, 1);
+    for (size_t i = 0; i < n; i++) x[i] = (float)(r + 1);
+    o->u[0] = (uint64_t)terse_allreduce(c, x, n, NULL, TERSE_OP_SUM);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    if (o->u[0] == TERSE_OK)
+        for (size_t i = 0; i < n; i++) o->u[1] += x[i] != 10.0f;
+    terse_comm_stats st = TERSE_COMM_STATS_INIT;
+    TR_CALL(o, terse_comm_get_stats(c, &st));
+    o->u[2] = st.auth_failures;
+    free(x);
+    return 0;
+}
+
+Test(routed, an_altered_chunk_between_hosts_is_refused_naming_its_sender) {
+    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    setenv_size(4);
+    unsetenv("TERSE_WIRE");
+    tr_before_init = set_host;
+    tr_job job = {"tcp", 4, 2000, 60, -1};
+    tr_out *o = tr_run(&job, routed_tamper_body, &h);
+    cr_expect_eq(o[0].u[0], TERSE_ERR_AUTH, "rank 0 returned %s: %s",
+                 terse_status_name((terse_status)o[0].u[0]), o[0].err);
+    cr_expect(strstr(o[0].err, "rank 2"), "rank 0 does not name rank 2: %s", o[0].err);
+    cr_expect_gt(o[0].u[2], 0, "no authentication failure counted on rank 0");
+    for (int r = 0; r < 4; r++)
+        cr_expect_eq(o[r].u[1], 0, "rank %d: %llu wrong elements with TERSE_OK", r,
+                     (unsigned long long)o[r].u[1]);
+    tr_release(o);
+}
+
+/* Rank 3 stops (SIGSTOP) mid-loop: nothing closes, so only timeouts can
+ * tell. Every survivor's call fails (TIMEOUT, or PEER_LOST once another
+ * survivor left), none hangs, and the first to time out -- rank 2, its
+ * shm peer, or a rank waiting on it across hosts -- names rank 3. Rank 0
+ * kills the stopped rank once it has failed (its pid in u[7]). */
+static int routed_stop_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c);
+    const size_t n = 1 << 18;
+    float *y = calloc(n, sizeof(float));
+    o->u[7] = (uint64_t)getpid();
+    TR_CALL(o, terse_allreduce(c, y, n, NULL, TERSE_OP_SUM));
+    tr_say_ready(o);
+    tr_wait_all_ready(c, o);
+    if (r == 3) {
+        terse_allreduce(c, y, n, NULL, TERSE_OP_SUM);
+        raise(SIGSTOP); /* killed by rank 0 below */
+    }
+    int failed = tr_allreduce_until_failure(c, o, y, n, NULL, TERSE_OP_SUM, 100000, NULL);
+    free(y);
+    if (r == 0) {
+        tr_out *all = o - r;
+        kill((pid_t)all[3].u[7], SIGKILL);
+    }
+    return failed ? 0 : tr_fail(o, TERSE_OK, "every all-reduce succeeded with a rank stopped");
+}
+
+Test(routed, a_stopped_rank_fails_every_survivor_by_timeout_never_a_hang) {
+    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    setenv_size(4);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", 4, 3000, 60, 3};
+    tr_out *o = tr_run(&job, routed_stop_body, &h);
+    int named = 0;
+    for (int r = 0; r < 3; r++) {
+        terse_status s = (terse_status)o[r].u[0];
+        cr_expect(s == TERSE_ERR_TIMEOUT || s == TERSE_ERR_PEER_LOST, "survivor %d got %s (%s)",
+                  r, terse_status_name(s), o[r].err);
+        named += strstr(o[r].err, "rank 3") != NULL;
+    }
+    cr_expect_gt(named, 0, "no survivor names rank 3: %s | %s | %s", o[0].err, o[1].err,
+                 o[2].err);
+    tr_release(o);
+}
+
+/* Rank 3 passes another size (issue 31's call descriptor, over the routed
+ * pairs; the data waits for the descriptor since some peers are on shm):
+ * every rank fails with TERSE_ERR_SHAPE, none hangs or returns TERSE_OK. */
+static int routed_mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c);
+    const size_t n = r == 3 ? 300001 : 250000;
+    float *y = calloc(n, sizeof(float));
+    o->u[0] = (uint64_t)terse_allreduce(c, y, n, NULL, TERSE_OP_SUM);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    free(y);
+    return 0;
+}
+
+Test(routed, ranks_passing_different_sizes_all_fail_with_shape) {
+    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    setenv_size(4);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", 4, 20000, 60, -1};
+    tr_out *o = tr_run(&job, routed_mismatch_body, &h);
+    for (int r = 0; r < 4; r++)
+        cr_expect_eq(o[r].u[0], TERSE_ERR_SHAPE, "rank %d: %s: %s", r,
+                     terse_status_name((terse_status)o[r].u[0]), o[r].err);
+    tr_release(o);
+}
