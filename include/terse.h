@@ -942,7 +942,8 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * on servers by consistent hashing with `vnodes` virtual nodes per server
  * and bounded loads (a server takes a chunk only while its bytes stay
  * within 1.25x the mean of what is placed, rounded up to whole chunks, so
- * a small model still spreads over the servers, ps-lite #119), in
+ * a small model still spreads over the servers, ps-lite #119; and a server
+ * holds at most ceil(chunks / S) of one key's chunks), in
  * declaration order; a change in the server set moves about 1/S of the
  * chunks. terse_ps_placement reports the bytes per server. A worker whose
  * declaration of any key differs is refused for that key and every later

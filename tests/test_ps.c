@@ -428,6 +428,27 @@ Test(ps, placement_spreads_a_small_model_over_every_server) {
     (void)total;
 }
 
+/* Every worker pushes a key's partitions at once, so the busiest server's
+ * share of one key is what its link needs: a key's chunks are spread at
+ * most ceil(chunks / S) per server, whatever keys came before. */
+Test(ps, placement_spreads_each_large_key_evenly) {
+    static const int servers[] = {2, 3, 4};
+    static const size_t chunks[] = {16, 64, 10, 7, 1, 33};
+    for (size_t i = 0; i < 3; i++) {
+        int S = servers[i];
+        terse_ps *ps = bare(S, 1024);
+        for (size_t k = 0; k < 6; k++) {
+            bare_place(ps, k, chunks[k] * 256 - (k == 3 ? 100 : 0));
+            size_t per[8] = {0}, cap = (chunks[k] + (size_t)S - 1) / (size_t)S;
+            for (size_t c = 0; c < chunks[k]; c++) per[ps->keys[k]->server[c]]++;
+            for (int s = 0; s < S; s++)
+                cr_assert_leq(per[s], cap, "S=%d, key %zu of %zu chunks: server %d holds %zu",
+                              S, k, chunks[k], s, per[s]);
+        }
+        bare_free(ps, 6);
+    }
+}
+
 Test(ps, placement_moves_about_one_in_s_when_a_server_joins) {
     const size_t keys = 1000, n = 256; /* 1000 one-chunk tensors */
     terse_ps *a = bare(3, 1024), *b = bare(4, 1024);

@@ -614,8 +614,8 @@ static terse_status declare_part(terse_ps *ps, size_t ukey, size_t part, size_t 
         goto fail;
     }
     memcpy(saved, ps->placed, S * sizeof *saved);
-    terse__ps_place(ps, k);
-    if (!ps->is_server) {
+    s = terse__ps_place(ps, k);
+    if (s == TERSE_OK && !ps->is_server) {
         s = make_codecs(k, k->push_spec, &k->push_enc, key, (uint32_t)ps->rank, "push");
         if (s == TERSE_OK)
             s = make_codecs(k, k->pull_spec, &k->pull_dec, key, (uint32_t)ps->rank, "pull");
