@@ -138,10 +138,11 @@ void ar_report_begin(const ar_options *o, const char *provider, int nranks, int 
 void ar_report_spec(const ar_options *o, const char *spec);
 void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi);
 
-/* algbw, busbw (GB/s) and the bytes per rank per op of a row, as the help
+/* A row's algbw and busbw (nccl-tests': tensor bytes / time, and times
+ * 2(N-1)/N) and wirebw (wire bytes sent per rank / time), GB/s, as the help
  * text defines them. */
 double ar_algbw(const ar_row *r);
 double ar_busbw(const ar_row *r);
-double ar_effective_algbw(const ar_row *r);
+double ar_wirebw(const ar_row *r);
 
 #endif

@@ -20,14 +20,19 @@ static double bus_factor(int nranks) {
     return nranks > 1 ? 2.0 * (nranks - 1) / nranks : 0.0;
 }
 
-double ar_effective_algbw(const ar_row *r) {
+/* nccl-tests' algbw and busbw, for every row, compressed or not: size is the
+ * fp32 tensor's bytes, whatever the codec put on the wire. */
+double ar_algbw(const ar_row *r) {
     return r->time_s > 0 ? 1e-9 * (double)r->bytes / r->time_s : 0.0;
 }
 
 double ar_busbw(const ar_row *r) {
-    if (r->time_s <= 0) return 0.0;
-    if (is_dense(r)) return ar_effective_algbw(r) * bus_factor(r->nranks);
-    return 1e-9 * r->wire_sent / r->time_s;
+    return ar_algbw(r) * bus_factor(r->nranks);
+}
+
+/* What each rank's link did carry: wire bytes sent per rank / time. */
+double ar_wirebw(const ar_row *r) {
+    return r->time_s > 0 ? 1e-9 * r->wire_sent / r->time_s : 0.0;
 }
 
 /* t against two parts done apart: against the longer (1: the shorter hid
@@ -54,12 +59,6 @@ static double parts_vs_max(const ar_row *r) {
 }
 static double parts_vs_sum(const ar_row *r) {
     return vs_sum(r->time_s, r->codec_alone_s, r->wire_alone_s);
-}
-
-double ar_algbw(const ar_row *r) {
-    if (is_dense(r)) return ar_effective_algbw(r);
-    double f = bus_factor(r->nranks);
-    return f > 0 ? ar_busbw(r) / f : 0.0;
 }
 
 /* ---------------------------------------------------------------- records */
@@ -127,7 +126,7 @@ int ar_record_parse(char *line, void *record) {
 void ar_report_begin(const ar_options *o, const char *provider, int nranks, int have_mpi) {
     if (o->csv) {
         printf("spec,provider,nranks,bytes,count,rows,cols,iters,time_us,algbw_gbps,busbw_gbps,"
-               "wire_bytes,payload_bytes,eff_algbw_gbps,mean_us,codec_us,net_us%s%s%s,status,error,"
+               "wire_bytes,payload_bytes,wirebw_gbps,mean_us,codec_us,net_us%s%s%s,status,error,"
                "algo\n",
                have_mpi ? ",mpi_iters,mpi_time_us,mpi_algbw_gbps,mpi_busbw_gbps,vs_mpi" : "",
                o->overlap_ms > 0 ? ",sgemm_calls,compute_ms,allreduce_ms,overlapped_ms,"
@@ -138,11 +137,13 @@ void ar_report_begin(const ar_options *o, const char *provider, int nranks, int 
     printf("# terse-bench allreduce: %d rank%s, provider %s, op %s, fp32\n", nranks,
            nranks == 1 ? "" : "s", provider, o->op_avg ? "avg" : "sum");
     printf("# time: median over iterations of the slowest rank's time; GB/s = 1e9 B/s\n");
-    printf("# dense: busbw = algbw * 2(N-1)/N; codec: busbw = wire bytes sent per rank / time,\n"
-           "#   algbw = busbw * N/(2(N-1)); eff.algbw = fp32 bytes / time\n");
+    printf("# algbw = size / time, size the fp32 tensor's bytes; busbw = algbw * 2(N-1)/N:\n"
+           "#   nccl-tests' definitions, for every row, compressed or not (what a dense ring\n"
+           "#   would have to carry per rank for the same result in the same time)\n"
+           "# wirebw = wire/rank / time: the bytes each rank did send (payload and framing)\n");
     if (have_mpi)
         printf("# mpi: Open MPI MPI_Allreduce (dense, in place), same sizes and iteration rules;\n"
-               "#   xMPI = eff.algbw / MPI algbw = MPI time / terse time\n");
+               "#   xMPI = algbw / MPI algbw = MPI time / terse time\n");
     if (have_mpi && strcmp(provider, "shm") != 0 && !getenv("TERSE_WIRE"))
         printf("# wire mac (terse's default off shm): every chunk carries a Poly1305 tag, so a\n"
                "#   process on the path or a relay can neither alter nor inject data; wire none\n"
@@ -165,8 +166,8 @@ void ar_report_begin(const ar_options *o, const char *provider, int nranks, int 
 void ar_report_spec(const ar_options *o, const char *spec) {
     if (o->csv) return;
     printf("#\n# codec: %s\n", spec);
-    printf("#%12s %10s %11s %10s %5s %11s %7s %7s %11s %9s %6s %5s", "size", "count", "shape",
-           "algo", "iters", "time(us)", "algbw", "busbw", "wire/rank", "eff.algbw", "codec%",
+    printf("#%12s %10s %11s %10s %5s %11s %7s %7s %7s %11s %6s %5s", "size", "count", "shape",
+           "algo", "iters", "time(us)", "algbw", "busbw", "wirebw", "wire/rank", "codec%",
            "net%");
     if (o->vs_mpi) printf("  | %11s %7s %6s", "mpi(us)", "mpibus", "xMPI");
     if (o->overlap_ms > 0)
@@ -181,7 +182,7 @@ static void report_csv(const ar_options *o, const ar_row *r, const ar_row *mpi) 
     bench_csv_quoted(r->provider);
     printf(",%d,%zu,%zu,%zu,%zu,%d,%.3f,%.6f,%.6f,%.0f,%.0f,%.6f,%.3f,%.3f,%.3f", r->nranks,
            r->bytes, r->bytes / 4, r->rows, r->cols, r->iters, 1e6 * r->time_s, ar_algbw(r),
-           ar_busbw(r), r->wire_sent, r->payload_sent, ar_effective_algbw(r), 1e6 * r->mean_s,
+           ar_busbw(r), r->wire_sent, r->payload_sent, ar_wirebw(r), 1e6 * r->mean_s,
            1e6 * r->codec_s, 1e6 * r->net_s);
     if (o->vs_mpi) {
         if (mpi && mpi->ok)
@@ -223,9 +224,10 @@ void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi) {
         printf(" %12zu %10zu %11s  failed: %s\n", r->bytes, r->bytes / 4, shape, r->error);
         return;
     }
-    printf(" %12zu %10zu %11s %10s %5d %11.1f %7.3f %7.3f %11.0f %9.3f %6.1f %5.1f", r->bytes,
-           r->bytes / 4, shape, r->algo[0] ? r->algo : "-", r->iters, 1e6 * r->time_s, ar_algbw(r), ar_busbw(r), r->wire_sent,
-           ar_effective_algbw(r), 100.0 * r->codec_s / r->mean_s, 100.0 * r->net_s / r->mean_s);
+    printf(" %12zu %10zu %11s %10s %5d %11.1f %7.3f %7.3f %7.3f %11.0f %6.1f %5.1f", r->bytes,
+           r->bytes / 4, shape, r->algo[0] ? r->algo : "-", r->iters, 1e6 * r->time_s,
+           ar_algbw(r), ar_busbw(r), ar_wirebw(r), r->wire_sent, 100.0 * r->codec_s / r->mean_s,
+           100.0 * r->net_s / r->mean_s);
     if (o->vs_mpi) {
         if (mpi && mpi->ok)
             printf("  | %11.1f %7.3f %6.2f", 1e6 * mpi->time_s, ar_busbw(mpi),

@@ -342,10 +342,10 @@ static void progress(worker *w, const ar_row *r) {
     if (w->o->quiet || w->rank != 0) return;
     w->done++;
     if (r->ok)
-        fprintf(stderr, "[%zu/%zu] %s %zu bytes: %d iters, %.1f us, eff.algbw %.3f GB/s, wire "
+        fprintf(stderr, "[%zu/%zu] %s %zu bytes: %d iters, %.1f us, algbw %.3f GB/s, wire "
                         "%.0f B/rank\n",
                 w->done, w->total, r->spec, r->bytes, r->iters, 1e6 * r->time_s,
-                ar_effective_algbw(r), r->wire_sent);
+                ar_algbw(r), r->wire_sent);
     if (r->ok && r->compute_calls > 0)
         fprintf(stderr, "[%zu/%zu]   overlap: compute %.1f ms, start+wait %.1f ms, "
                         "overlapped %.1f ms: %.2f of the max, %.2f of the sum\n",

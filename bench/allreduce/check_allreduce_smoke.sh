@@ -23,20 +23,28 @@ check() { # provider extra-args...
         return
     fi
     # 3 codecs x 3 sizes (64K, 256K, 1M), each 'ok' with time > 0 and, for
-    # two ranks, bytes on the wire > 0. Fields: 1 spec ... 9 time_us,
-    # 12 wire_bytes, 14 eff_algbw, 19 mpi_time_us, 22 vs_mpi; status and
-    # algo are named in the header. Two ranks: dense takes recursive
-    # doubling or the ring, topk and int8 the all-gather of messages.
+    # two ranks, bytes on the wire > 0; columns by their header names. Two
+    # ranks: dense takes recursive doubling or the ring, topk and int8 the
+    # all-gather of messages. algbw and busbw are nccl-tests' on every row,
+    # compressed or not (bytes / time, then x 2(N-1)/N), and wirebw is the
+    # wire bytes per rank / time (within the CSV's rounding).
     # With --vs-mpi over tcp every row comes twice, "CODEC [wire mac]" and
     # "CODEC [wire none]" (terse's MAC against Open MPI's nothing).
     local want=9
     [[ $provider == tcp && $* == *--vs-mpi* ]] && want=18
     local got
     got=$(awk -F, -v mpi="$*" '
+        function near(a, b) { d = a - b; if (d < 0) d = -d; return d <= 1e-5 + 1e-3 * (b < 0 ? -b : b) }
         NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-        { status = $col["status"]; algo = $col["algo"] }
-        status == "ok" && $9 > 0 && $12 > 0 && $14 > 0 &&
-            (mpi == "" || ($19 > 0 && $22 > 0)) &&
+        { status = $col["status"]; algo = $col["algo"]; t = $col["time_us"]
+          n_ranks = $col["nranks"]; alg = $col["algbw_gbps"]; bus = $col["busbw_gbps"]
+          wire = $col["wire_bytes"]; wbw = $col["wirebw_gbps"] }
+        status == "ok" && t > 0 && wire > 0 && wbw > 0 &&
+            near(alg, 1e-3 * $col["bytes"] / t) &&
+            near(bus, alg * 2 * (n_ranks - 1) / n_ranks) && near(wbw, 1e-3 * wire / t) &&
+            (mpi == "" || ($col["mpi_time_us"] > 0 && $col["vs_mpi"] > 0 &&
+                           near($col["mpi_busbw_gbps"],
+                                $col["mpi_algbw_gbps"] * 2 * (n_ranks - 1) / n_ranks))) &&
             (($1 ~ /^"dense( \[wire (mac|none)\])?"$/ && algo ~ /^dense-(rd|ring)$/) ||
              ($1 !~ /^"dense/ && algo ~ /^gather(-pipe)?$/)) { n++ }
         END { print n + 0 }' "$out")

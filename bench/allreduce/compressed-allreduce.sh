@@ -7,7 +7,7 @@
 # the compressed reduce-scatter (=rs), dense beside them, in one run per
 # rank count. Columns: codec, algorithm, wire bytes per rank, codec s, wire
 # s (time waiting on the network), total s (median of the slowest rank),
-# effective algbw (fp32 bytes / time), x dense (dense time / this time),
+# algbw (nccl-tests': fp32 bytes / time), x dense (dense time / this time),
 # x mpi (Open MPI's dense MPI_Allreduce time, same size and ranks, measured
 # in the gather run / this time).
 # --net RATE runs everything inside bench/core/slow-net.sh's shaped namespace
@@ -45,7 +45,7 @@ for n in $ranks; do
     echo "#"
     echo "# $n ranks"
     printf '%-24s %-11s %12s %9s %9s %9s %9s %8s %7s\n' codec algo bytes/rank codec_s wire_s \
-        total_s eff.GB/s x_dense x_mpi
+        total_s algbw x_dense x_mpi
     for algo in gather rs; do
         run "$algo" "$n"
     done | /usr/bin/python3 -c '
@@ -72,7 +72,7 @@ for fields in csv.reader(sys.stdin):
         dense = t
     print("%-24s %-11s %12.0f %9.4f %9.4f %9.4f %9.3f %8.2f %7s" % (
         spec, algo, float(row["wire_bytes"]), float(row["codec_us"]) / 1e6,
-        float(row["net_us"]) / 1e6, t, float(row["eff_algbw_gbps"]), dense / t if dense else 0,
+        float(row["net_us"]) / 1e6, t, float(row["algbw_gbps"]), dense / t if dense else 0,
         "%.2f" % (mpi / t) if mpi else "-"))
 '
 done
