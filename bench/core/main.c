@@ -19,7 +19,7 @@ static const subcommand subcommands[] = {
     {"codecs", bench_codecs_main,
      "every codec's compression ratio, error, and encode/decode speed vs memcpy"},
     {"allreduce", bench_allreduce_main,
-     "AllReduce time, algbw and busbw, dense or compressed, optionally vs Open MPI"},
+     "AllReduce time, algbw, busbw and wirebw, dense or compressed, optionally vs Open MPI"},
     {"train", bench_train_main,
      "Fashion-MNIST training over real workers: accuracy against bytes (--sweep)"},
     {"ps", bench_ps_main,
