@@ -445,7 +445,21 @@ Test(ps, placement_spreads_each_large_key_evenly) {
                 cr_assert_leq(per[s], cap, "S=%d, key %zu of %zu chunks: server %d holds %zu",
                               S, k, chunks[k], s, per[s]);
         }
-        bare_free(ps, 6);
+        /* The same key cut into one-chunk partitions (internal keys of their
+         * own), as terse_ps_declare places them: the spread holds over all
+         * of them together. */
+        size_t mine[8] = {0}, per[8] = {0};
+        ps->place_mine = mine;
+        ps->place_chunks = 16;
+        for (size_t p = 0; p < 16; p++) {
+            bare_place(ps, 6 + p, 256);
+            per[ps->keys[6 + p]->server[0]]++;
+        }
+        ps->place_mine = NULL;
+        for (int s = 0; s < S; s++)
+            cr_assert_leq(per[s], (16 + (size_t)S - 1) / (size_t)S,
+                          "S=%d, 16 one-chunk partitions: server %d holds %zu", S, s, per[s]);
+        bare_free(ps, 22);
     }
 }
 

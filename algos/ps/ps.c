@@ -681,11 +681,16 @@ terse_status terse_ps_declare(terse_ps *ps, size_t key, size_t n, const char *pu
     uint64_t *saved = malloc((size_t)ps->nservers * sizeof *saved);
     if (!saved) return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
     memcpy(saved, ps->placed, (size_t)ps->nservers * sizeof *saved);
-    terse_status s = TERSE_OK;
+    size_t *mine = calloc((size_t)ps->nservers, sizeof *mine);
+    terse_status s = mine ? TERSE_OK : TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+    ps->place_mine = mine; /* placement spreads the key's chunks over all its partitions */
+    ps->place_chunks = (n - 1) / ps->chunk_floats + 1;
     for (size_t p = 0; p < P && s == TERSE_OK; p++) {
         size_t off = p * ps->part_floats, len = n - off < ps->part_floats ? n - off : ps->part_floats;
         s = declare_part(ps, key, p, off, len, push_spec, pull_spec, init ? init + off : NULL);
     }
+    ps->place_mine = NULL;
+    free(mine);
     if (s != TERSE_OK) { /* undo the partitions declared */
         while (ps->nkeys > first) key_free(ps, ps->keys[--ps->nkeys]);
         memcpy(ps->placed, saved, (size_t)ps->nservers * sizeof *saved);

@@ -315,6 +315,11 @@ struct terse_ps {
     uint32_t pipe_pass;   /* ps_pipe.c: scheduling passes (pipe_mark's generation) */
     uint64_t pipe_order;  /* ps_pipe.c: requests taken, in order */
     uint64_t *placed; /* bytes per server */
+    /* terse_ps_declare, while it places a declared key's partitions: that
+     * key's chunks in all, and how many of them each server took so far
+     * (NULL otherwise: terse__ps_place counts one internal key alone) */
+    size_t place_chunks;
+    size_t *place_mine;
     /* consistent-hash ring: nservers * vnodes points, sorted */
     uint64_t *ring_hash;
     int *ring_server;

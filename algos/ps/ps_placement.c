@@ -80,13 +80,19 @@ static int walk(const terse_ps *ps, size_t at, uint64_t bytes, double cap, const
 terse_status terse__ps_place(terse_ps *ps, terse__ps_key *k) {
     uint64_t total = 0;
     for (int s = 0; s < ps->nservers; s++) total += ps->placed[s];
-    /* A key's chunks are spread evenly too, at most ceil(chunks / S) on a
-     * server: every worker pushes a key's partitions at the same moment,
-     * so the busiest server's share of the key is the time its link needs
-     * (the global bound alone put 9 of a 16-chunk key on one of 2). */
-    size_t *mine = calloc((size_t)ps->nservers, sizeof *mine);
-    if (!mine) return TERSE_ERROR(TERSE_ERR_NOMEM, "no memory to place a key");
-    size_t per_key = (k->nchunks + (size_t)ps->nservers - 1) / (size_t)ps->nservers;
+    /* A declared key's chunks are spread evenly too, at most ceil(chunks /
+     * S) on a server: every worker pushes a key's partitions at the same
+     * moment, so the busiest server's share of one key is the time its
+     * link needs (the global bound alone put 9 of a 16-chunk key on one of
+     * 2). The count runs over all of the declared key's partitions
+     * (terse_ps_declare sets place_mine), else over this internal key. */
+    size_t *mine = ps->place_mine, chunks = ps->place_chunks;
+    if (!mine) {
+        if (!(mine = calloc((size_t)ps->nservers, sizeof *mine)))
+            return TERSE_ERROR(TERSE_ERR_NOMEM, "no memory to place a key");
+        chunks = k->nchunks;
+    }
+    size_t per_key = (chunks + (size_t)ps->nservers - 1) / (size_t)ps->nservers;
     size_t key = k->index;
     for (size_t c = 0; c < k->nchunks; c++) {
         size_t len = c + 1 < k->nchunks ? k->chunk_floats : k->n - c * k->chunk_floats;
@@ -107,6 +113,6 @@ terse_status terse__ps_place(terse_ps *ps, terse__ps_key *k) {
         ps->placed[chosen] += bytes;
         mine[chosen]++;
     }
-    free(mine);
+    if (mine != ps->place_mine) free(mine);
     return TERSE_OK;
 }

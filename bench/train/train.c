@@ -190,7 +190,7 @@ static int takes_value(const char *a) {
         "--momentum-at", "--schedule", "--warmup", "--seed", "--seeds", "--mode", "--dp", "--codec", "--codec-for",
         "--small", "--small-codec", "--adapt", "--provider", "--servers", "--aggregator", "--byzantine", "--straggler", "--transient", "--data", "--train-limit", "--test-limit",
         "--eval-every", "--target-acc", "--plot", "--results", "--clients", "--fraction",
-        "--partition", "--rounds", "--dropout", "--deadline-ms", NULL};
+        "--partition", "--rounds", "--dropout", "--deadline-ms", "--chunk-bytes", NULL};
     for (size_t i = 0; names[i]; i++)
         if (strcmp(a, names[i]) == 0) return 1;
     return 0;
@@ -254,6 +254,10 @@ static int training_option(train_options *o, train_parse_state *ps, const char *
             return train_usage_error("--mode '%s': expected allreduce, localsgd:H (H >= 1), "
                                "ps:sync|ps:sync:quorum=K|ps:async|ps:ssp:S or fedavg:E "
                                "(E >= 1)", v);
+    } else if (strcmp(a, "--chunk-bytes") == 0) {
+        if (parse_int(v, 64, 1L << 30, &n) != 0)
+            return train_usage_error("--chunk-bytes '%s': expected a byte count in [64, 2^30]", v);
+        o->ps_chunk_bytes = n;
     } else if (strcmp(a, "--servers") == 0) {
         if (parse_int(v, 1, 64, &n) != 0)
             return train_usage_error("--servers '%s': expected an integer in [1, 64]", v);

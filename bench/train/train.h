@@ -218,6 +218,7 @@ typedef struct {
     char ps_mode[64];      /* --mode ps:SPEC: SPEC (terse_ps_config_parse) */
     int servers;           /* --servers S: parameter-server ranks (1) */
     int colocate;          /* --colocate: ps mode, every worker also a server */
+    long ps_chunk_bytes;   /* --chunk-bytes N: ps mode (0: spread the model over the servers) */
     char aggregator[64];   /* --aggregator SPEC: the servers' (ps mode; "" = mean) */
     int byz_k;             /* --byzantine K:ATTACK: the last K workers attack */
     train_attack byz_attack;

@@ -333,6 +333,15 @@ static int run_one(worker *w, int index, int servers, int is_server) {
     terse_ps_config cfg = TERSE_PS_CONFIG_INIT;
     cfg.num_servers = servers ? servers : 1;
     cfg.colocate = o->colocate;
+    cfg.chunk_bytes = (size_t)o->ps_chunk_bytes;
+    if (!cfg.chunk_bytes) { /* the model in about one chunk per server, at most 1 MiB:
+                               the MLP fused is 0.8 MB, one default chunk on one server */
+        size_t bytes = 0, S = (size_t)(o->colocate ? w->nworkers : (int)cfg.num_servers);
+        for (size_t i = 0; i < model_tensor_count(r.m); i++)
+            bytes += model_tensor_at(r.m, i)->n * sizeof(float);
+        size_t c = ((bytes + S - 1) / S + 4095) / 4096 * 4096;
+        cfg.chunk_bytes = c < 4096 ? 4096 : c > ((size_t)1 << 20) ? (size_t)1 << 20 : c;
+    }
     cfg.update = TERSE_PS_UPDATE_SGD;
     cfg.lr = (float)(o->lr * r.cfg->lr_factor);
     cfg.momentum = r.cfg->local_momentum ? 0.0f : (float)o->momentum;
