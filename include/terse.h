@@ -1184,12 +1184,16 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  * view (Krum and cclip measure distances within a partition) are a
  * partition's; sync mode aggregates each partition in worker-rank order,
  * so workers stay bitwise identical. Every rank must use the same
- * partition size and window (checked at terse_ps_create). A server holds
- * at most 2 x window receives per worker in flight (pushes on their own
- * lanes, pulls parked on theirs); a message on a lane beyond that is never
- * received (over tcp its connection stalls: the sender's problem, not the
- * server's memory). With replicas 2 partitions go one at a time per
- * server (window 1), through the failover path.
+ * partition size and window (checked at terse_ps_create). A server takes
+ * at most 8 x window requests per worker at a time (window push lanes, 7 x
+ * window pull lanes), and only push lanes carry payloads (one on a pull
+ * lane is refused unread, refused_window): so a worker's requests in
+ * flight cost a server at most window x max(a partition's push bound, a
+ * transport chunk) beyond the shard's state, whatever it sends. A message
+ * on a lane beyond the last is never received (over tcp its connection
+ * stalls: the sender's problem; over shm it waits in a fixed store that
+ * every peer shares: docs/ps.md). With replicas 2 partitions go one at a
+ * time per server (window 1), through the failover path.
  *
  * Colocated servers (terse_ps_config.colocate = 1, or "colocate=1" in the
  * mode text, e.g. "sync:colocate=1", "ssp:2,colocate=1"; num_servers is
@@ -1410,6 +1414,9 @@ typedef struct terse_ps_stats {
     uint64_t duplicates;       /* new head: resent pushes it had already applied */
     /* appended in 0.5 (server) */
     uint64_t dc_copy_bytes;    /* update dc: bytes of the workers' pulled copies kept */
+    /* appended after 0.5 (server): payloads on a pull lane, a worker past
+     * its window of pushes (refused unreceived; docs/ps.md) */
+    uint64_t refused_window;
 } terse_ps_stats;
 
 TERSE_API terse_status terse_ps_get_stats(const terse_ps *ps, terse_ps_stats *stats);

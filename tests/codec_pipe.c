@@ -74,7 +74,7 @@ static int abi(void)
     OFF(terse_ps_stats, staleness_mean); OFF(terse_ps_stats, workers_lost);
     OFF(terse_ps_stats, refused_nonfinite); OFF(terse_ps_stats, deadline_closes);
     OFF(terse_ps_stats, replicated); OFF(terse_ps_stats, takeovers); OFF(terse_ps_stats, duplicates);
-    OFF(terse_ps_stats, dc_copy_bytes);
+    OFF(terse_ps_stats, dc_copy_bytes); OFF(terse_ps_stats, refused_window);
     return fflush(stdout) == 0 ? 0 : 1;
 }
 

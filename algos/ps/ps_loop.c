@@ -498,6 +498,7 @@ static void fold_stats(terse_ps *ps, const terse_ps *m) {
     a->refused_role += b->refused_role;
     a->refused_corrupt += b->refused_corrupt;
     a->refused_nonfinite += b->refused_nonfinite;
+    a->refused_window += b->refused_window;
     a->deadline_closes += b->deadline_closes;
     a->takeovers += b->takeovers;
     a->duplicates += b->duplicates;

@@ -101,6 +101,7 @@ terse_status terse__ps_mirror_create(terse_ps *ps) {
     m->stats.size = sizeof m->stats;
     size_t N = (size_t)ps->nranks;
     m->lanes = 1; /* replicas 2: one conversation per pair */
+    m->push_lanes = 1;
     m->peers = calloc(N, sizeof *m->peers);
     m->inputs = calloc(N, sizeof *m->inputs);
     m->wts = calloc(N, sizeof *m->wts);

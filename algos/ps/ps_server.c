@@ -26,11 +26,13 @@
 /* Per kind of refusal (ps_server.h): its name in the log, its status. */
 static const char *const kind_text[] = {"key",     "size",  "step",  "closed step",
                                         "role",    "corrupt", "stale", "late",
-                                        "timeout", "lost",  "non-finite", "moved"};
+                                        "timeout", "lost",  "non-finite", "moved",
+                                        "window"};
 static const terse_status kind_status[] = {
     TERSE_ERR_INVALID, TERSE_ERR_SHAPE,   TERSE_ERR_INVALID, TERSE_ERR_STALE,
     TERSE_ERR_INVALID, TERSE_ERR_CORRUPT, TERSE_ERR_STALE,   TERSE_ERR_STALE,
-    TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST, TERSE_ERR_NONFINITE, (terse_status)TERSE__PS_MOVED};
+    TERSE_ERR_TIMEOUT, TERSE_ERR_PEER_LOST, TERSE_ERR_NONFINITE, (terse_status)TERSE__PS_MOVED,
+    TERSE_ERR_INVALID};
 
 /* ---------------------------------------------------------------- replies */
 
@@ -52,6 +54,7 @@ static void count(terse_ps *ps, int kind) {
     case R_STALE: ps->stats.refused_stale++; break;
     case R_LATE: ps->stats.late_dropped++; break;
     case R_NONFINITE: ps->stats.refused_nonfinite++; break;
+    case R_WINDOW: ps->stats.refused_window++; break;
     default: break;
     }
 }
@@ -433,6 +436,19 @@ terse_status terse__ps_handle_header(terse_ps *ps, int cv) {
     if (h.seq != p->seq)
         return terse__ps_refuse(ps, cv, R_CORRUPT, "message number %llu where %llu was due",
                                 (unsigned long long)h.seq, (unsigned long long)p->seq);
+    /* A payload on a pull lane: a worker past its window of pushes (its
+     * pipeline pushes on lanes [0, push_lanes) only). Refused without
+     * receiving the payload -- it stays with the transport, the sender's
+     * problem -- so a pull lane never holds a buffer: what a worker's
+     * pushes in flight cost the server is bounded by the window, not by
+     * the lanes (docs/ps.md, "Partitions on the wire"). */
+    if (lane > 0 && lane >= ps->push_lanes && h.payload_len)
+        return terse__ps_refuse(ps, cv, R_WINDOW,
+                                "a %llu-byte payload on lane %d, a pull lane: rank %d has %d push "
+                                "lanes (the window, lanes 0..%d); pulls carry no payload; "
+                                "the payload was not received",
+                                (unsigned long long)h.payload_len, lane, w, ps->push_lanes,
+                                ps->push_lanes - 1);
     if (!terse__ps_is_worker(ps, w))
         return terse__ps_refuse_drain(
             ps, cv, R_ROLE,

@@ -16,7 +16,7 @@ enum { P_HDR, P_DATA, P_DRAIN, P_PARKED, P_REPLY, P_DONE, P_HOLD };
 /* Kinds of refusal, for counting and log-once. */
 enum {
     R_KEY, R_SIZE, R_STEP, R_CLOSED, R_ROLE, R_CORRUPT, R_STALE, R_LATE, R_TIMEOUT, R_LOST,
-    R_NONFINITE, R_MOVED
+    R_NONFINITE, R_MOVED, R_WINDOW
 };
 
 /* ps_server.c */

@@ -171,7 +171,8 @@ class PsStats(ctypes.Structure):
     ] + [("staleness_mean", ctypes.c_double), ("workers_lost", ctypes.c_uint64),
          ("refused_nonfinite", ctypes.c_uint64), ("deadline_closes", ctypes.c_uint64),
          ("replicated", ctypes.c_uint64), ("takeovers", ctypes.c_uint64),
-         ("duplicates", ctypes.c_uint64), ("dc_copy_bytes", ctypes.c_uint64)]
+         ("duplicates", ctypes.c_uint64), ("dc_copy_bytes", ctypes.c_uint64),
+         ("refused_window", ctypes.c_uint64)]
 
 
 P = ctypes.POINTER
