@@ -4,6 +4,11 @@
  * accepts runs; what it refuses is refused with a sentence; a colocated
  * rank SIGKILLed is named by the survivors, and nothing hangs. Real rank
  * processes over tcp and shm. */
+#include <sched.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "ps_jobs.h"
 
 #define CN 6000 /* floats per key: 24 KB, 6 chunks of 1 KiB per partition */
@@ -62,6 +67,32 @@ static int train(tr_out *o, terse_ps *ps, int w, int slot) {
     return 0;
 }
 
+/* A caller built with an older header (its stats end before
+ * dc_copy_bytes) gets the fields it knows and not a byte more, also once
+ * the colocated server's counters are folded in (they appear when the
+ * server is done: every worker finished). */
+static int old_stats_untouched(tr_out *o, terse_ps *ps) {
+    const size_t old = offsetof(terse_ps_stats, dc_copy_bytes);
+    unsigned char buf[sizeof(terse_ps_stats) + 64];
+    for (double t0 = tr_now_ms();;) {
+        memset(buf, 0xab, sizeof buf);
+        terse_ps_stats *st = (terse_ps_stats *)(void *)buf;
+        st->size = old;
+        TR_CALL(o, terse_ps_get_stats(ps, st));
+        for (size_t i = old; i < sizeof buf; i++)
+            if (buf[i] != 0xab) {
+                char why[96];
+                snprintf(why, sizeof why, "terse_ps_get_stats wrote byte %zu of a %zu-byte stats",
+                         i, old);
+                return tr_fail(o, TERSE_ERR_INTERNAL, why);
+            }
+        if (st->pushes_applied) return 0; /* the server's counters were in */
+        if (tr_now_ms() - t0 > 20000)
+            return tr_fail(o, TERSE_ERR_TIMEOUT, "the colocated server's counters never came");
+        sched_yield();
+    }
+}
+
 static int bits_body(terse_comm *c, tr_out *o, const void *arg) {
     const colo_cfg *cc = arg;
     terse_ps *ps = NULL;
@@ -76,6 +107,7 @@ static int bits_body(terse_comm *c, tr_out *o, const void *arg) {
     int w = cc->colocate ? rank : rank - 2;
     if (train(o, ps, w, 0)) return 1;
     TR_CALL(o, terse_ps_finish(ps));
+    if (cc->colocate && old_stats_untouched(o, ps)) return 1;
     terse_ps_free(ps); /* waits for its server: every worker finished */
     return 0;
 }

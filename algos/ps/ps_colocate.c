@@ -160,8 +160,9 @@ void terse__ps_colo_stats(const terse_ps *ps, terse_ps_stats *st) {
     if (!colo->serve || !terse__engine_is_done(colo->serve)) return;
     const terse_ps *s = colo->srv;
     uint64_t pushes = st->pushes, pulls = st->pulls, stale = st->stale_refused;
+    const size_t size = st->size; /* what the caller's struct holds (terse_ps_get_stats) */
     *st = s->stats;
-    st->size = sizeof *st;
+    st->size = size;
     st->pushes = pushes;
     st->pulls = pulls;
     st->stale_refused = stale;
