@@ -1,7 +1,8 @@
 /* allreduce_check: one rank of a small job that checks terse_allreduce end
  * to end through the public API only. Launch it as any launcher would
- * (terse-run, or TERSE_RANK/TERSE_SIZE/TERSE_ADDR/TERSE_TOKEN by hand, as
- * tests/netns_two_hosts.sh does across two network namespaces).
+ * (terse-run, also with --hosts across network namespaces as
+ * tests/netns_two_hosts.sh does, or TERSE_RANK/TERSE_SIZE/TERSE_ADDR/
+ * TERSE_TOKEN by hand).
  *
  * Each rank contributes x_i = (rank + 1) * (i % 13 + 1), small integers
  * whose sums are exact in fp32 in any order, so the dense result must equal
