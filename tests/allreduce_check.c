@@ -1,7 +1,8 @@
 /* allreduce_check: one rank of a small job that checks terse_allreduce end
  * to end through the public API only. Launch it as any launcher would
- * (terse-run, or TERSE_RANK/TERSE_SIZE/TERSE_ADDR/TERSE_TOKEN by hand, as
- * tests/netns_two_hosts.sh does across two network namespaces).
+ * (terse-run, also with --hosts across network namespaces as
+ * tests/netns_two_hosts.sh does, or TERSE_RANK/TERSE_SIZE/TERSE_ADDR/
+ * TERSE_TOKEN by hand).
  *
  * Each rank contributes x_i = (rank + 1) * (i % 13 + 1), small integers
  * whose sums are exact in fp32 in any order, so the dense result must equal
@@ -10,7 +11,8 @@
  * A compressed allreduce (topk) then checks that every rank holds the same
  * bits (a hash compared through terse_allgather).
  *
- * Prints "OK rank R of N over PROVIDER" and exits 0, or says what failed
+ * Prints "topology rank R host H of NH local L of LS" (terse_comm_topology)
+ * and "OK rank R of N over PROVIDER" and exits 0, or says what failed
  * and exits 1. */
 #include <stdint.h>
 #include <stdio.h>
@@ -113,6 +115,11 @@ int main(void) {
         bad = check_dense(comm, sizes[k]);
     if (!bad) bad = check_topk(comm, 10007);
     if (!bad && (s = terse_barrier(comm)) != TERSE_OK) bad = fail(rank, "final barrier", s);
+    int host = -1, local = -1, local_size = -1, nhosts = -1;
+    if (!bad && (s = terse_comm_topology(comm, &host, &local, &local_size, &nhosts)) != TERSE_OK)
+        bad = fail(rank, "terse_comm_topology", s);
+    if (!bad) printf("topology rank %d host %d of %d local %d of %d\n", rank, host, nhosts, local,
+                     local_size);
     if (!bad) printf("OK rank %d of %d over %s\n", rank, terse_comm_size(comm),
                      terse_comm_provider(comm));
     terse_comm_free(comm);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,15 +105,31 @@ static _Noreturn void child_exec(const terse__run_job *job, int rank, const int 
         if (null != STDIN_FILENO) close(null);
     }
 
+    /* --hosts: ranks are dealt to hosts in blocks of per_host; the rank
+     * runs in its host's network namespace and talks over its veth. */
+    int local_rank = rank, local_size = job->nranks;
+    if (job->nhosts > 0) {
+        int h = rank / job->per_host;
+        local_rank = rank % job->per_host;
+        local_size = job->nranks - h * job->per_host;
+        if (local_size > job->per_host) local_size = job->per_host;
+        int fd = open(job->host_ns[h], O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) child_fail(err_fd);
+        close(fd);
+        set_env_int("TERSE_HOST", h, err_fd);
+        if (setenv("TERSE_IFACE", job->host_if, 1) != 0 ||
+            setenv("FI_TCP_IFACE", job->host_if, 1) != 0)
+            child_fail(err_fd);
+    }
     set_env_int("TERSE_RANK", rank, err_fd);
     set_env_int("TERSE_SIZE", job->nranks, err_fd);
-    set_env_int("TERSE_LOCAL_RANK", rank, err_fd);
-    set_env_int("TERSE_LOCAL_SIZE", job->nranks, err_fd);
+    set_env_int("TERSE_LOCAL_RANK", local_rank, err_fd);
+    set_env_int("TERSE_LOCAL_SIZE", local_size, err_fd);
     /* what torch.distributed's env:// rendezvous reads (torchrun sets them) */
     set_env_int("RANK", rank, err_fd);
     set_env_int("WORLD_SIZE", job->nranks, err_fd);
-    set_env_int("LOCAL_RANK", rank, err_fd);
-    set_env_int("LOCAL_WORLD_SIZE", job->nranks, err_fd);
+    set_env_int("LOCAL_RANK", local_rank, err_fd);
+    set_env_int("LOCAL_WORLD_SIZE", local_size, err_fd);
     if (setenv("MASTER_ADDR", job->master_addr, 1) != 0 ||
         setenv("MASTER_PORT", job->master_port, 1) != 0)
         child_fail(err_fd);

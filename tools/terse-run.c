@@ -53,6 +53,17 @@ static void usage(FILE *f) {
             "                    to %d times each: a parameter server with replicas 2\n"
             "                    takes it back as the lost server's replacement (not\n"
             "                    after terse-run forwarded a signal: the job is ending)\n"
+            "  --hosts H         (root) run the ranks on H \"hosts\" made of network\n"
+            "                    namespaces on this machine (trh<pid>-0 .. H-1), each\n"
+            "                    with one veth (terse0, 10.78.0.<h+1>/24) into a bridge\n"
+            "                    in a hub namespace; ranks are dealt in blocks of\n"
+            "                    ceil(N/H): rank r runs on host r / ceil(N/H), with\n"
+            "                    TERSE_HOST=<host>, TERSE_IFACE=FI_TCP_IFACE=terse0 and\n"
+            "                    the store on host 0 (10.78.0.1). Everything is removed\n"
+            "                    when the job ends, fails or is interrupted; each host\n"
+            "                    link's byte counts are printed on stderr first\n"
+            "  --link RATE       with --hosts: shape both directions of every host's\n"
+            "                    link to RATE with tc tbf (tc's units: 1gbit, 100mbit)\n"
             "  -h, --help        show this help\n"
             "  -V, --version     show the version\n"
             "\n"
@@ -87,13 +98,16 @@ static long parse_long(const char *s, long lo, long hi) {
 }
 
 static void parse_args(int argc, char **argv, terse__run_job *job) {
-    enum { OPT_PROVIDER = 256, OPT_TIMEOUT, OPT_ADDR, OPT_NO_PREFIX, OPT_REPLACE };
+    enum { OPT_PROVIDER = 256, OPT_TIMEOUT, OPT_ADDR, OPT_NO_PREFIX, OPT_REPLACE, OPT_HOSTS,
+           OPT_LINK };
     static const struct option longs[] = {
         {"provider", required_argument, NULL, OPT_PROVIDER},
         {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
         {"addr", required_argument, NULL, OPT_ADDR},
         {"no-prefix", no_argument, NULL, OPT_NO_PREFIX},
         {"replace", required_argument, NULL, OPT_REPLACE},
+        {"hosts", required_argument, NULL, OPT_HOSTS},
+        {"link", required_argument, NULL, OPT_LINK},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -148,6 +162,19 @@ static void parse_args(int argc, char **argv, terse__run_job *job) {
         }
         case OPT_NO_PREFIX: job->prefix = 0; break;
         case OPT_REPLACE: replace = optarg; break;
+        case OPT_HOSTS:
+            job->nhosts = (int)parse_long(optarg, 1, TERSE_RUN_MAX_HOSTS);
+            if (job->nhosts < 1)
+                usage_error("--hosts wants a number of hosts from 1 to %d, not '%s'",
+                            TERSE_RUN_MAX_HOSTS, optarg);
+            break;
+        case OPT_LINK:
+            if (terse__run_parse_rate(optarg) == 0)
+                usage_error("--link wants a rate as tc writes it, such as 1gbit or 100mbit "
+                            "(at least 8kbit), not '%s'",
+                            optarg);
+            job->link = optarg;
+            break;
         case 'h':
             usage(stdout);
             exit(fflush(stdout) == 0 ? 0 : 1);
@@ -181,6 +208,27 @@ static void parse_args(int argc, char **argv, terse__run_job *job) {
             job->replace[r] = 1;
         }
     }
+    if (job->link && !job->nhosts) usage_error("--link shapes the links of --hosts: add --hosts H");
+    if (job->nhosts) {
+        job->per_host = (job->nranks + job->nhosts - 1) / job->nhosts;
+        if ((job->nhosts - 1) * job->per_host >= job->nranks)
+            usage_error("-n %d ranks dealt to %d hosts in blocks of %d leave host %d without a "
+                        "rank: use at most %d hosts, or more ranks",
+                        job->nranks, job->nhosts, job->per_host, job->nhosts - 1,
+                        (job->nranks + job->per_host - 1) / job->per_host);
+        if (job->addr[0])
+            usage_error("--addr does not go with --hosts: the store listens on host 0's "
+                        "address, " TERSE_RUN_HOST0_ADDR);
+        if (job->provider && strcmp(job->provider, "shm") == 0)
+            usage_error("--provider shm cannot cross --hosts (shared memory does not reach "
+                        "another host): use tcp, net or auto");
+        if (geteuid() != 0) {
+            fprintf(stderr, "terse-run: --hosts creates network namespaces, which needs root: "
+                            "run terse-run as root (e.g. with sudo), or leave out --hosts to "
+                            "run every rank on this one host\n");
+            exit(EXIT_USAGE);
+        }
+    }
     if (optind >= argc) usage_error("missing the PROGRAM to run");
     job->argv = argv + optind;
 }
@@ -197,6 +245,18 @@ static void on_signal(int sig) {
     ssize_t w = write(sig_pipe[1], &b, 1); /* full pipe: a wake-up is pending anyway */
     (void)w;
     errno = e;
+}
+
+/* --hosts set-up: a signal that arrived meanwhile (the first one) ends it. */
+static int pending_sig;
+
+static int setup_interrupted(void) {
+    unsigned char buf[64];
+    ssize_t n;
+    while ((n = read(sig_pipe[0], buf, sizeof buf)) > 0)
+        for (ssize_t i = 0; i < n; i++)
+            if (buf[i] != SIGCHLD && !pending_sig) pending_sig = buf[i];
+    return pending_sig != 0;
 }
 
 static int install_signals(terse__run_job *job) {
@@ -445,6 +505,20 @@ int main(int argc, char **argv) {
         fprintf(stderr, "terse-run: out of memory for %d ranks\n", job->nranks);
         return 1;
     }
+    if (job->nhosts) {
+        /* the store on host 0's veth; the port is free there like any other */
+        const char *colon = strrchr(job->addr, ':');
+        char port[8];
+        snprintf(port, sizeof port, "%s", colon + 1);
+        snprintf(job->addr, sizeof job->addr, "%s:%s", TERSE_RUN_HOST0_ADDR, port);
+        snprintf(job->master_addr, sizeof job->master_addr, "%s", TERSE_RUN_HOST0_ADDR);
+        if (terse__run_hosts_up(job, setup_interrupted) != 0) {
+            if (pending_sig)
+                fprintf(stderr, "terse-run: interrupted by signal %d while creating the hosts\n",
+                        pending_sig);
+            return pending_sig ? 128 + pending_sig : 1;
+        }
+    }
     for (int r = 0; r < job->nranks; r++) {
         terse__run_stream_init(&js.ranks[r].out, -1, STDOUT_FILENO, r);
         terse__run_stream_init(&js.ranks[r].err, -1, STDERR_FILENO, r);
@@ -474,6 +548,14 @@ int main(int argc, char **argv) {
     if (js.alive == 0) js.drain_at = now_ms();
 
     run_loop(&js, fds, streams);
+    if (job->nhosts) {
+        /* whatever a rank left in its process group would keep its host's
+         * namespace alive after ip netns del */
+        for (int r = 0; r < job->nranks; r++)
+            if (js.ranks[r].pid > 0) kill(-js.ranks[r].pid, SIGKILL);
+        if (terse__run_hosts_down(job) != 0 && js.exit_status == 0) js.exit_status = 1;
+        free(job->host_ns);
+    }
     for (int r = 0; r < job->nranks; r++) {
         terse__run_stream_close(&js.ranks[r].out);
         terse__run_stream_close(&js.ranks[r].err);

@@ -36,7 +36,35 @@ typedef struct terse__run_job {
                            * with ignored (nohup): ranks inherit that, not our handlers */
     unsigned char *replace; /* --replace: per rank, restart it as a replacement when it dies */
     int rejoining;          /* the rank being started as a replacement (TERSE_REJOIN=1), or -1 */
+    int nhosts;             /* --hosts H: ranks run in H network namespaces; 0 without */
+    const char *link;       /* --link RATE (tc's syntax), or NULL */
+    int per_host;           /* --hosts: ranks per host, ceil(nranks / nhosts) */
+    char (*host_ns)[64];    /* --hosts: per host, the path of its namespace (/run/netns/...) */
+    char host_if[16];       /* --hosts: the veth's name inside every host namespace */
 } terse__run_job;
+
+/* --hosts: the namespace plumbing (terse-run-hosts.c). */
+#define TERSE_RUN_MAX_HOSTS 250
+
+/* A tc rate ("1gbit", "100mbit", "500kbit", "1gbps", ...) in bits per
+ * second, or 0 when `s` is not one. */
+unsigned long long terse__run_parse_rate(const char *s);
+
+/* Create the hosts: a hub namespace with a bridge, one namespace per host
+ * with a veth into the bridge, 10.78.0.(h+1)/24, loopback up, tbf on both
+ * directions of every host link when job->link is set; wait for every link
+ * to carry. Fills job->host_ns, job->host_if. `interrupted` is asked
+ * between steps (a signal arrived: give up). Returns 0; or -1 after saying
+ * which command failed and removing whatever it had created. */
+int terse__run_hosts_up(terse__run_job *job, int (*interrupted)(void));
+
+/* Print each host link's byte counters (stderr), then remove every
+ * namespace terse__run_hosts_up created (and with them the veths, the
+ * bridge and the qdiscs). Returns 0, or -1 after saying what is left. */
+int terse__run_hosts_down(terse__run_job *job);
+
+/* Host 0's address, where rank 0's store listens: "10.78.0.1". */
+#define TERSE_RUN_HOST0_ADDR "10.78.0.1"
 
 /* Write "127.0.0.1:PORT" for a port the kernel just handed out for
  * 127.0.0.1 and we released again. Returns 0, or -1 with errno set. */

@@ -29,7 +29,8 @@ static void usage(FILE *f) {
 "                             [--shape RxC] [--op sum|avg] [--vs-mpi]\n"
 "                             [--mpi-arg ARG]... [--overlap MS] [--parts]\n"
 "                             [--model [--alpha US] [--link-gbps G]\n"
-"                             [--shared-link]] [--csv] [-q]\n"
+"                             [--shared-link]] [--hosts H [--link RATE]]\n"
+"                             [--vs-flat] [--csv] [-q]\n"
 "\n"
 "Time terse_allreduce on fp32 buffers of a sweep of sizes, as nccl-tests'\n"
 "all_reduce_perf does: dense, or compressed by a codec. Started by hand, it\n"
@@ -98,6 +99,15 @@ static void usage(FILE *f) {
 "      --link-gbps G    the model's link bandwidth per rank, Gbit/s (default 25)\n"
 "      --shared-link    the link is shared by all N ranks (B / N each), as on\n"
 "                       bench/core/slow-net.sh's one shaped loopback\n"
+"      --hosts H        (root) run the ranks on H \"hosts\" made of network\n"
+"                       namespaces: terse-run --hosts H (ranks dealt in blocks\n"
+"                       of ceil(N/H)); the topo column says HxL\n"
+"      --link RATE      with --hosts: terse-run --link RATE, both directions of\n"
+"                       every host link shaped with tc tbf (1gbit, 100mbit)\n"
+"      --vs-flat        run every row a second time with TERSE_TOPOLOGY=flat (one\n"
+"                       provider for every pair, the flat algorithms; a second\n"
+"                       job) and print its time and time / flat time beside\n"
+"                       each row (not with --vs-mpi)\n"
 "      --worker         be one rank even without the variables above (under\n"
 "                       torchrun or srun, say)\n"
 "      --csv            CSV with a header row instead of the table\n"
@@ -133,6 +143,8 @@ static void usage(FILE *f) {
 "  count [count]          floats; shape [rows, cols] as given to the codec\n"
 "  iters [iters]          timed iterations\n"
 "  time [time_us]         microseconds per allreduce, as above\n"
+"  topo [topology]        hosts x ranks per host from terse_comm_topology\n"
+"                         (rank 0's host), or flat under TERSE_TOPOLOGY=flat\n"
 "  algbw [algbw_gbps]     size / time, for every row, compressed or not:\n"
 "                         nccl-tests' algbw (the tensor's bytes reduced per\n"
 "                         second, whatever went on the wire)\n"
@@ -162,6 +174,9 @@ static void usage(FILE *f) {
 "  wire(ms) [wire_alone_ms]    the messages' all-gather, no codec\n"
 "  /max [parts_vs_max]   time / max(codec, wire)\n"
 "  /sum [parts_vs_sum]   time / (codec + wire)\n"
+"  with --vs-flat:\n"
+"  flat(us) [flat_time_us]  the same row's time with TERSE_TOPOLOGY=flat\n"
+"  /flat [vs_flat]        time / flat time: below 1 the topology-aware run wins\n"
 "\n"
 "environment: TERSE_RUN, TERSE_BENCH_MPI and MPIRUN name the programs to use\n"
 "(default: beside this binary, then PATH). TERSE_TIMEOUT_MS reaches the\n"
@@ -203,6 +218,7 @@ static const struct {
     {'n', "--nranks"}, {'r', "--iters"},    {'w', "--warmup"},   {'t', "--budget"},
     {'P', "--provider"}, {'S', "--shape"},  {'O', "--op"},       {'M', "--mpi-arg"},
     {'R', "--results"}, {'V', "--overlap"}, {'A', "--alpha"}, {'L', "--link-gbps"},
+    {'H', "--hosts"},   {'K', "--link"},
 };
 #define N_VALUED (sizeof valued / sizeof valued[0])
 
@@ -308,6 +324,19 @@ static int apply_valued(ar_options *o, char opt, const char *a, const char *val,
         else o->model_link_gbps = v;
         return 0;
     }
+    case 'H': {
+        char *end;
+        long v = strtol(val, &end, 10);
+        if (end == val || *end || v < 1 || v > 250)
+            return usage_error("bad --hosts '%s' (want 1..250)", val);
+        o->hosts = (int)v;
+        return 0;
+    }
+    case 'K':
+        /* terse-run checks the rate before it creates anything */
+        if (!val[0]) return usage_error("empty rate in '%s'", a);
+        o->link = val;
+        return 0;
     default:
         return usage_error("unknown option '%s'", a);
     }
@@ -356,6 +385,8 @@ int ar_parse_args(int argc, char **argv, ar_options *o) {
             o->model = 1;
         } else if (strcmp(a, "--shared-link") == 0) {
             o->model_shared = 1;
+        } else if (strcmp(a, "--vs-flat") == 0) {
+            o->vs_flat = 1;
         } else if (strcmp(a, "--parts") == 0) {
             o->parts = 1;
         } else {
@@ -365,6 +396,11 @@ int ar_parse_args(int argc, char **argv, ar_options *o) {
         }
     }
     if (o->n_specs == 0) o->specs[o->n_specs++] = AR_DENSE;
+    if (o->link && !o->hosts) return usage_error("%s shapes the links of --hosts: add --hosts H",
+                                                 "--link");
+    if (o->vs_flat && o->vs_mpi)
+        return usage_error("%s and --vs-mpi do not go together yet: run them apart",
+                           "--vs-flat");
     return make_sweep(o, b, e, f, have_sweep);
 }
 

@@ -42,6 +42,9 @@ typedef struct {
     int model;           /* --model: the alpha-beta prediction (allreduce_model.c) */
     double model_alpha_us, model_link_gbps; /* --alpha, --link-gbps */
     int model_shared;    /* --shared-link: the link is shared by all N ranks */
+    int hosts;           /* --hosts H: terse-run --hosts H (network-namespace hosts), or 0 */
+    const char *link;    /* --link RATE: terse-run --link RATE, or NULL */
+    int vs_flat;         /* --vs-flat: every row again with TERSE_TOPOLOGY=flat */
     int worker;          /* --worker: started by the launcher through terse-run */
     const char *results; /* --results FILE: where rank 0 writes records */
 } ar_options;
@@ -53,6 +56,8 @@ typedef struct {
     char spec[256];        /* as given ("dense" for none) */
     char provider[64];     /* terse_comm_provider(), or the MPI btl */
     char algo[16];         /* terse_allreduce_algorithm(), or "mpi" */
+    char topo[16];         /* "HxL" (hosts x rank 0's host's ranks, terse_comm_topology),
+                            * "flat" under TERSE_TOPOLOGY=flat, or "" (MPI) */
     int nranks;
     size_t rows, cols;     /* the codec's shape; count = rows * cols */
     size_t bytes;          /* 4 * count: the fp32 buffer reduced */
@@ -133,10 +138,12 @@ void ar_record_write(FILE *f, const ar_row *r);
 int ar_record_parse(char *line, void *record);
 
 /* The table (or CSV). mpi may be NULL (no --vs-mpi); otherwise the MPI row
- * of the same size, if any, is printed beside each terse row. */
+ * of the same size, if any, is printed beside each terse row; likewise flat,
+ * the same (spec, size) measured with TERSE_TOPOLOGY=flat (--vs-flat). */
 void ar_report_begin(const ar_options *o, const char *provider, int nranks, int have_mpi);
 void ar_report_spec(const ar_options *o, const char *spec);
-void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi);
+void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi,
+                   const ar_row *flat);
 
 /* A row's algbw and busbw (nccl-tests': tensor bytes / time, and times
  * 2(N-1)/N) and wirebw (wire bytes sent per rank / time), GB/s, as the help

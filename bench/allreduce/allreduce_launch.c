@@ -90,6 +90,12 @@ static void run_mpi(const ar_options *o, bench_records *rows, int *failed) {
     *failed = 0;
 }
 
+static const ar_row *flat_row_for(const ar_row *flat, int n_flat, const ar_row *r) {
+    for (int i = 0; i < n_flat; i++)
+        if (flat[i].bytes == r->bytes && strcmp(flat[i].spec, r->spec) == 0) return &flat[i];
+    return NULL;
+}
+
 static const ar_row *mpi_row_for(const ar_row *mpi, int n_mpi, size_t bytes) {
     for (int i = 0; i < n_mpi; i++)
         if (mpi[i].bytes == bytes) return &mpi[i];
@@ -99,7 +105,7 @@ static const ar_row *mpi_row_for(const ar_row *mpi, int n_mpi, size_t bytes) {
 /* Print the table of the ranks' rows (n of them), each beside Open MPI's
  * of the same size with --vs-mpi. Returns 1 if a row failed. */
 static int report(const ar_options *o, const ar_row *rows, int n, const ar_row *mpi,
-                  int n_mpi) {
+                  int n_mpi, const ar_row *flat, int n_flat) {
     int failed = 0;
     ar_report_begin(o, rows[0].provider, rows[0].nranks, o->vs_mpi);
     const char *spec = NULL;
@@ -109,7 +115,8 @@ static int report(const ar_options *o, const ar_row *rows, int n, const ar_row *
             spec = rows[i].spec;
             ar_report_spec(o, spec);
         }
-        ar_report_row(o, &rows[i], o->vs_mpi ? mpi_row_for(mpi, n_mpi, rows[i].bytes) : NULL);
+        ar_report_row(o, &rows[i], o->vs_mpi ? mpi_row_for(mpi, n_mpi, rows[i].bytes) : NULL,
+                      o->vs_flat ? flat_row_for(flat, n_flat, &rows[i]) : NULL);
         if (!rows[i].ok) failed = 1;
     }
     if (o->model) ar_model_report(o, rows, n);
@@ -151,7 +158,7 @@ static int run_without_mac(const bench_job *job, bench_records *rank_rows) {
 
 /* The launcher: the MPI baseline, then the ranks, then the table. */
 static int launch(int argc, char **argv, const ar_options *o, bench_records *mpi_rows,
-                  bench_records *rank_rows) {
+                  bench_records *rank_rows, bench_records *flat_rows) {
     int mpi_failed = 0;
     if (o->vs_mpi) {
         run_mpi(o, mpi_rows, &mpi_failed);
@@ -160,7 +167,7 @@ static int launch(int argc, char **argv, const ar_options *o, bench_records *mpi
     /* powersgd's products run in OpenBLAS: share the cores out. */
     bench_share_cores(o->nranks);
     bench_job job = {WHO, "ranks", o->nranks, o->provider, argc, argv, o->quiet, NULL,
-                     ar_record_parse};
+                     ar_record_parse, o->hosts, o->link};
     int rc = bench_job_run(&job, rank_rows);
     if (rc > 0) fprintf(stderr, WHO ": the ranks failed (terse-run exit status %d)\n", rc);
     if (bench_interrupted()) return 128 + bench_interrupted();
@@ -171,13 +178,33 @@ static int launch(int argc, char **argv, const ar_options *o, bench_records *mpi
         if (rank_rows->n > n1) want *= 2;
         if (bench_interrupted()) return 128 + bench_interrupted();
     }
+    if (o->vs_flat && rc == 0) {
+        /* the same rows with one provider and the flat algorithms */
+        if (!o->quiet) fprintf(stderr, WHO ": the same rows again with TERSE_TOPOLOGY=flat\n");
+        char *was = getenv("TERSE_TOPOLOGY") ? strdup(getenv("TERSE_TOPOLOGY")) : NULL;
+        setenv("TERSE_TOPOLOGY", "flat", 1);
+        rc = bench_job_run(&job, flat_rows);
+        if (was) setenv("TERSE_TOPOLOGY", was, 1);
+        else unsetenv("TERSE_TOPOLOGY");
+        free(was);
+        if (rc > 0)
+            fprintf(stderr, WHO ": the ranks failed with TERSE_TOPOLOGY=flat (terse-run exit "
+                            "status %d)\n", rc);
+        if (bench_interrupted()) return 128 + bench_interrupted();
+        if (flat_rows->n < (int)want) {
+            fprintf(stderr, WHO ": only %d of %zu rows were measured with TERSE_TOPOLOGY=flat\n",
+                    flat_rows->n, want);
+            if (rc == 0) rc = BENCH_EXIT_RUNTIME;
+        }
+    }
     int n = rc < 0 ? 0 : rank_rows->n;
     if (n <= 0) {
         fprintf(stderr, WHO ": no results from the ranks\n");
         return BENCH_EXIT_RUNTIME;
     }
     const ar_row *mpi = mpi_rows->items;
-    int failed = report(o, rank_rows->items, n, mpi, mpi_rows->n) || rc != 0;
+    int failed = report(o, rank_rows->items, n, mpi, mpi_rows->n, flat_rows->items,
+                        flat_rows->n) || rc != 0;
     for (int i = 0; i < mpi_rows->n; i++)
         if (!mpi[i].ok) mpi_failed = 1;
     if (bench_flush_results(WHO) != 0) return BENCH_EXIT_RUNTIME;
@@ -189,8 +216,10 @@ static int launch(int argc, char **argv, const ar_options *o, bench_records *mpi
 }
 
 int ar_launch(int argc, char **argv, const ar_options *o) {
-    bench_records mpi = {NULL, 0, 0, sizeof(ar_row)}, ranks = {NULL, 0, 0, sizeof(ar_row)};
-    int rc = launch(argc, argv, o, &mpi, &ranks);
+    bench_records mpi = {NULL, 0, 0, sizeof(ar_row)}, ranks = {NULL, 0, 0, sizeof(ar_row)},
+                  flat = {NULL, 0, 0, sizeof(ar_row)};
+    int rc = launch(argc, argv, o, &mpi, &ranks, &flat);
+    bench_records_free(&flat);
     bench_records_free(&mpi);
     bench_records_free(&ranks);
     return rc;

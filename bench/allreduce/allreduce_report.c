@@ -70,20 +70,20 @@ void ar_record_write(FILE *f, const ar_row *r) {
      * first 16 still works. */
     fprintf(f,
             "%s\t%s\t%s\t%d\t%zu\t%zu\t%zu\t%d\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%.17g\t%d\t%s"
-            "\t%ld\t%.17g\t%.17g\t%.17g\t%s\t%.17g\t%.17g\n",
+            "\t%ld\t%.17g\t%.17g\t%.17g\t%s\t%.17g\t%.17g\t%s\n",
             r->is_mpi ? "mpi" : "terse", bench_field_copy(spec, sizeof spec, r->spec),
             bench_field_copy(provider, sizeof provider, r->provider), r->nranks, r->rows, r->cols,
             r->bytes, r->iters, r->time_s, r->mean_s, r->wire_sent, r->payload_sent, r->codec_s,
             r->net_s, r->ok, bench_field_copy(error, sizeof error, r->error), r->compute_calls,
             r->compute_s, r->alone_s, r->overlap_s, r->algo[0] ? r->algo : "-", r->codec_alone_s,
-            r->wire_alone_s);
+            r->wire_alone_s, r->topo[0] ? r->topo : "-");
 }
 
 int ar_record_parse(char *line, void *record) {
     ar_row *r = record;
-    char *f[23];
-    int nf = bench_split_tabs(line, f, 23);
-    if (nf != 16 && nf != 20 && nf != 21 && nf != 23) return -1;
+    char *f[24];
+    int nf = bench_split_tabs(line, f, 24);
+    if (nf != 16 && nf != 20 && nf != 21 && nf != 23 && nf != 24) return -1;
     memset(r, 0, sizeof *r);
     if (strcmp(f[0], "mpi") == 0)
         r->is_mpi = 1;
@@ -106,7 +106,8 @@ int ar_record_parse(char *line, void *record) {
     r->ok = f[14][0] == '1';
     bench_field_copy(r->error, sizeof r->error, f[15]);
     if (nf >= 21) bench_field_copy(r->algo, sizeof r->algo, f[20]);
-    if (nf == 23) {
+    if (nf == 24 && strcmp(f[23], "-") != 0) bench_field_copy(r->topo, sizeof r->topo, f[23]);
+    if (nf >= 23) {
         r->codec_alone_s = strtod(f[21], &end);
         r->wire_alone_s = strtod(f[22], &end);
     }
@@ -126,12 +127,13 @@ int ar_record_parse(char *line, void *record) {
 void ar_report_begin(const ar_options *o, const char *provider, int nranks, int have_mpi) {
     if (o->csv) {
         printf("spec,provider,nranks,bytes,count,rows,cols,iters,time_us,algbw_gbps,busbw_gbps,"
-               "wire_bytes,payload_bytes,wirebw_gbps,mean_us,codec_us,net_us%s%s%s,status,error,"
-               "algo\n",
+               "wire_bytes,payload_bytes,wirebw_gbps,mean_us,codec_us,net_us%s%s%s%s,status,error,"
+               "algo,topology\n",
                have_mpi ? ",mpi_iters,mpi_time_us,mpi_algbw_gbps,mpi_busbw_gbps,vs_mpi" : "",
                o->overlap_ms > 0 ? ",sgemm_calls,compute_ms,allreduce_ms,overlapped_ms,"
                                    "overlap_vs_max,overlap_vs_sum" : "",
-               o->parts ? ",codec_alone_ms,wire_alone_ms,parts_vs_max,parts_vs_sum" : "");
+               o->parts ? ",codec_alone_ms,wire_alone_ms,parts_vs_max,parts_vs_sum" : "",
+               o->vs_flat ? ",flat_time_us,vs_flat" : "");
         return;
     }
     printf("# terse-bench allreduce: %d rank%s, provider %s, op %s, fp32\n", nranks,
@@ -156,6 +158,10 @@ void ar_report_begin(const ar_options *o, const char *provider, int nranks, int 
                "#   overlap), /sum = ovl / (comp + ar) (1 = none)\n",
                o->overlap_ms, progress && progress[0] ? progress : "thread (default)");
     }
+    if (o->vs_flat)
+        printf("# topo: hosts x ranks per host (terse_comm_topology); flat(us): the same row\n"
+               "#   with TERSE_TOPOLOGY=flat (one provider, flat algorithms), second job;\n"
+               "#   /flat = time / flat time (< 1: the topology-aware run is faster)\n");
     if (o->parts)
         printf("# parts (--parts): codec = one encode + N decodes alone, wire = the messages'\n"
                "#   all-gather alone (ms, medians of the slowest rank, same run); /max = time /\n"
@@ -166,17 +172,19 @@ void ar_report_begin(const ar_options *o, const char *provider, int nranks, int 
 void ar_report_spec(const ar_options *o, const char *spec) {
     if (o->csv) return;
     printf("#\n# codec: %s\n", spec);
-    printf("#%12s %10s %11s %10s %5s %11s %7s %7s %7s %11s %6s %5s", "size", "count", "shape",
-           "algo", "iters", "time(us)", "algbw", "busbw", "wirebw", "wire/rank", "codec%",
+    printf("#%12s %10s %11s %10s %6s %5s %11s %7s %7s %7s %11s %6s %5s", "size", "count",
+           "shape", "algo", "topo", "iters", "time(us)", "algbw", "busbw", "wirebw", "wire/rank", "codec%",
            "net%");
     if (o->vs_mpi) printf("  | %11s %7s %6s", "mpi(us)", "mpibus", "xMPI");
     if (o->overlap_ms > 0)
         printf("  | %9s %9s %9s %5s %5s", "comp(ms)", "ar(ms)", "ovl(ms)", "/max", "/sum");
     if (o->parts) printf("  | %9s %9s %5s %5s", "codec(ms)", "wire(ms)", "/max", "/sum");
+    if (o->vs_flat) printf("  | %11s %6s", "flat(us)", "/flat");
     printf("\n");
 }
 
-static void report_csv(const ar_options *o, const ar_row *r, const ar_row *mpi) {
+static void report_csv(const ar_options *o, const ar_row *r, const ar_row *mpi,
+                       const ar_row *flat) {
     bench_csv_quoted(r->spec);
     putchar(',');
     bench_csv_quoted(r->provider);
@@ -205,14 +213,21 @@ static void report_csv(const ar_options *o, const ar_row *r, const ar_row *mpi) 
         else
             printf(",,,,");
     }
+    if (o->vs_flat) {
+        if (r->ok && flat && flat->ok)
+            printf(",%.3f,%.4f", 1e6 * flat->time_s, r->time_s / flat->time_s);
+        else
+            printf(",,");
+    }
     printf(",%s,", r->ok ? "ok" : "failed");
     bench_csv_quoted(r->ok ? "" : r->error);
-    printf(",%s\n", r->algo[0] ? r->algo : "-");
+    printf(",%s,%s\n", r->algo[0] ? r->algo : "-", r->topo[0] ? r->topo : "-");
 }
 
-void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi) {
+void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi,
+                   const ar_row *flat) {
     if (o->csv) {
-        report_csv(o, r, mpi);
+        report_csv(o, r, mpi, flat);
         return;
     }
     char shape[48];
@@ -224,8 +239,9 @@ void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi) {
         printf(" %12zu %10zu %11s  failed: %s\n", r->bytes, r->bytes / 4, shape, r->error);
         return;
     }
-    printf(" %12zu %10zu %11s %10s %5d %11.1f %7.3f %7.3f %7.3f %11.0f %6.1f %5.1f", r->bytes,
-           r->bytes / 4, shape, r->algo[0] ? r->algo : "-", r->iters, 1e6 * r->time_s,
+    printf(" %12zu %10zu %11s %10s %6s %5d %11.1f %7.3f %7.3f %7.3f %11.0f %6.1f %5.1f",
+           r->bytes, r->bytes / 4, shape, r->algo[0] ? r->algo : "-",
+           r->topo[0] ? r->topo : "-", r->iters, 1e6 * r->time_s,
            ar_algbw(r), ar_busbw(r), ar_wirebw(r), r->wire_sent, 100.0 * r->codec_s / r->mean_s,
            100.0 * r->net_s / r->mean_s);
     if (o->vs_mpi) {
@@ -248,6 +264,12 @@ void ar_report_row(const ar_options *o, const ar_row *r, const ar_row *mpi) {
                    parts_vs_max(r), parts_vs_sum(r));
         else
             printf("  | %9s %9s %5s %5s", "-", "-", "-", "-");
+    }
+    if (o->vs_flat) {
+        if (flat && flat->ok)
+            printf("  | %11.1f %6.2f", 1e6 * flat->time_s, r->time_s / flat->time_s);
+        else
+            printf("  | %11s %6s", "-", "-");
     }
     printf("\n");
 }

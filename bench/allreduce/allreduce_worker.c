@@ -245,6 +245,15 @@ static int measure(worker *w, const char *spec, size_t bytes, ar_row *r) {
     memset(r, 0, sizeof *r);
     snprintf(r->spec, sizeof r->spec, "%s", spec);
     snprintf(r->provider, sizeof r->provider, "%s", terse_comm_provider(w->comm));
+    {
+        int nhosts = 1, local_size = 1;
+        const char *topology = getenv("TERSE_TOPOLOGY");
+        terse_comm_topology(w->comm, NULL, NULL, &local_size, &nhosts);
+        if (topology && strcmp(topology, "flat") == 0)
+            snprintf(r->topo, sizeof r->topo, "flat");
+        else /* rank 0's: the rows are rank 0's */
+            snprintf(r->topo, sizeof r->topo, "%dx%d", nhosts, local_size);
+    }
     r->nranks = w->nranks;
     r->bytes = bytes;
     ar_shape_for(o, spec, bytes, &r->rows, &r->cols);
@@ -367,7 +376,7 @@ static void emit(worker *w, const ar_row *r, int first_of_spec) {
         return;
     }
     if (first_of_spec) ar_report_spec(w->o, r->spec);
-    ar_report_row(w->o, r, NULL);
+    ar_report_row(w->o, r, NULL, NULL);
     fflush(stdout);
 }
 

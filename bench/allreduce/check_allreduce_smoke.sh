@@ -84,6 +84,52 @@ else
     echo "ok: 6 ranks fp16 1M: rs sends $b_rs B per rank, gather $b_g B"
 fi
 
+# --vs-flat: every row again with TERSE_TOPOLOGY=flat, its time and the
+# ratio beside it; the topology column names hosts x ranks per host.
+# vs_flat_rows EXPECT-TOPOLOGY EXPECT-ALGO ARGS...: how many rows are ok with
+# that topology and algorithm, flat_time_us > 0 and vs_flat = time / flat.
+vs_flat_rows() {
+    local topo=$1 algo=$2
+    shift 2
+    "$bench" allreduce "$@" -r 3 -w 1 -t 0.5 --csv -q --vs-flat >"$out" || { cat "$out"; return; }
+    awk -F, -v topo="$topo" -v algo="$algo" '
+        NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+        { t = $col["time_us"]; f = $col["flat_time_us"]; v = $col["vs_flat"]; d = v - t / f }
+        $col["status"] == "ok" && $col["topology"] == topo && $col["algo"] ~ algo && f > 0 &&
+            d < 1e-3 && d > -1e-3 { n++ }
+        END { print n + 0 }' "$out"
+}
+got=$(vs_flat_rows 1x2 '^dense-(rd|ring)$' -n 2 --provider shm -b 64K -e 1M -f 4)
+if [[ $got != 3 ]]; then
+    echo "FAIL: --vs-flat over shm: expected 3 ok rows (topology 1x2, flat time, ratio), got $got"
+    cat "$out"
+    fail=1
+else
+    echo "ok: --vs-flat over shm: 3 rows, topology 1x2"
+fi
+# With root and network namespaces: 2 hosts x 2 ranks (terse-run --hosts 2),
+# the hierarchical all-reduce against the flat ring.
+if [[ $(id -u) == 0 ]] && ip netns add "trh-probe-$$" 2>/dev/null; then
+    ip netns del "trh-probe-$$"
+    got=$(vs_flat_rows 2x2 '^dense-hier$' -n 4 --hosts 2 --link 1gbit --provider tcp -b 1M -e 1M)
+    if [[ $got != 1 ]]; then
+        echo "FAIL: --hosts 2 --vs-flat: expected 1 ok dense-hier row on 2x2, got $got"
+        cat "$out"
+        fail=1
+    else
+        echo "ok: --hosts 2 -n 4 --vs-flat: dense-hier on 2x2, $(awk -F, 'NR == 1 {
+            for (i = 1; i <= NF; i++) col[$i] = i; next } { print "hier/flat", $col["vs_flat"] }' "$out")"
+    fi
+else
+    echo "ok: --hosts part skipped: needs root and network namespaces"
+fi
+"$bench" allreduce -n 2 --link 1gbit >/dev/null 2>&1
+rc=$?
+[[ $rc == 2 ]] || { echo "FAIL: --link without --hosts gave exit status $rc, not 2"; fail=1; }
+"$bench" allreduce -n 2 --vs-flat --vs-mpi >/dev/null 2>&1
+rc=$?
+[[ $rc == 2 ]] || { echo "FAIL: --vs-flat with --vs-mpi gave exit status $rc, not 2"; fail=1; }
+
 # Usage errors are exit 2 and never start a rank.
 "$bench" allreduce -c 'nosuchcodec' >/dev/null 2>&1
 rc=$?

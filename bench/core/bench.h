@@ -160,6 +160,8 @@ typedef struct {
     const char *title;        /* what the job is, said before it starts unless
                                  quiet (after the file F is made), or NULL */
     bench_record_parse parse; /* reads one line of F */
+    int hosts;                /* terse-run's --hosts H, or 0 (one host) */
+    const char *link;         /* terse-run's --link RATE with hosts, or NULL */
 } bench_job;
 
 /* What bench_job_run returns when the job did not run (it said why). */

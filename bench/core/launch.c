@@ -35,7 +35,8 @@ static int run_workers(const bench_job *job, const char *results) {
         self[len] = '\0';
     }
     snprintf(np, sizeof np, "%d", job->nranks);
-    /* terse-run -n N [--provider P] SELF ARGS... --worker --results F */
+    /* terse-run -n N [--provider P] [--hosts H [--link R]] SELF ARGS... --worker
+     * --results F */
     const char **child = calloc((size_t)job->argc + 16, sizeof *child);
     if (!child) {
         fprintf(stderr, "%s: out of memory\n", job->who);
@@ -48,6 +49,16 @@ static int run_workers(const bench_job *job, const char *results) {
     if (job->provider) {
         child[k++] = "--provider";
         child[k++] = job->provider;
+    }
+    char hosts[16];
+    if (job->hosts > 0) {
+        snprintf(hosts, sizeof hosts, "%d", job->hosts);
+        child[k++] = "--hosts";
+        child[k++] = hosts;
+        if (job->link) {
+            child[k++] = "--link";
+            child[k++] = job->link;
+        }
     }
     child[k++] = self;
     for (int i = 0; i < job->argc; i++) child[k++] = job->argv[i];

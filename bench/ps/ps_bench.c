@@ -370,7 +370,7 @@ static int run_job(const psb_options *o, int allreduce, int colocate, int server
         snprintf(title, sizeof title, "parameter server, %d server%s and %d workers", servers,
                  servers == 1 ? "" : "s", workers);
     bench_job job = {WHO, "ps", nranks, o->provider, k, (char **)argv, o->quiet, title,
-                     psb_record_parse};
+                     psb_record_parse, 0, NULL};
     int rc = bench_job_run(&job, rows);
     if (rc != 0) {
         if (rc > 0)

@@ -481,7 +481,7 @@ int train_launch(int argc, char **argv, const train_options *o) {
      * determinism; nothing to share out. */
     bench_records set = {NULL, 0, 0, sizeof(train_record)};
     bench_job job = {WHO, "train", train_processes(o), o->provider ? o->provider : "shm", argc,
-                     argv, 1, NULL, train_record_parse};
+                     argv, 1, NULL, train_record_parse, 0, NULL};
     int rc = bench_job_run(&job, &set);
     if (rc == BENCH_JOB_NO_FILE) return BENCH_EXIT_RUNTIME;
     train_record *recs = set.items;

@@ -1,0 +1,295 @@
+/* terse-run --hosts: "hosts" made of network namespaces on this machine.
+ *
+ *   hub namespace trh<pid>-hub: bridge br0, one port hv<h> per host
+ *   host namespace trh<pid>-<h>: loopback up, veth terse0 = 10.78.0.(h+1)/24,
+ *                                its peer hv<h> in the hub
+ *   --link RATE: tbf on terse0 (the host's upload) and on hv<h> (its download)
+ *
+ * The 10.78.0.0/24 addresses exist only inside these namespaces (the repo's
+ * scripts use 10.77, 10.250 and 10.251); nothing is routed anywhere else.
+ * The commands are iproute2's ip and tc, run by fork/exec and checked one by
+ * one; removing the namespaces removes the veths, the bridge and the qdiscs
+ * with them. */
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "terse-run.h"
+
+#define NETNS_DIR "/run/netns/"
+#define HOST_IF "terse0"
+/* how long the links get to report carrier */
+#define CARRIER_MS 5000
+
+static char ns_name[TERSE_RUN_MAX_HOSTS + 1][32]; /* [nhosts] is the hub */
+static int ns_made[TERSE_RUN_MAX_HOSTS + 1];
+
+unsigned long long terse__run_parse_rate(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v > 0) || s[0] == '-' || s[0] == '+') return 0;
+    static const struct {
+        const char *unit;
+        double bits;
+    } units[] = {{"bit", 1},           {"kbit", 1e3},       {"mbit", 1e6}, {"gbit", 1e9},
+                 {"tbit", 1e12},       {"bps", 8},          {"kbps", 8e3}, {"mbps", 8e6},
+                 {"gbps", 8e9},        {"tbps", 8e12}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(end, units[i].unit) == 0) {
+            double b = v * units[i].bits;
+            return b >= 8000 && b < 1e15 ? (unsigned long long)b : 0;
+        }
+    return 0;
+}
+
+static const char *find_tool(const char *name) {
+    static char path[4][32];
+    static const char *const dirs[] = {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"};
+    int slot = name[0] == 't';
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        snprintf(path[slot], sizeof path[slot], "%s%s", dirs[i], name);
+        if (access(path[slot], X_OK) == 0) return path[slot];
+    }
+    return NULL;
+}
+
+/* Run argv (argv[0] a full path) with stdin from /dev/null, in its own
+ * process group (a Ctrl-C at the terminal is ours to handle, not ip's).
+ * quiet: its stderr goes to /dev/null. Returns 0 when it exits 0; else
+ * says which command failed (unless quiet) and returns -1. */
+static int run_cmd(const char *const argv[], int quiet) {
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        static const int sigs[] = TERSE_RUN_SIGNALS;
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            dup2(null, STDIN_FILENO);
+            if (quiet) dup2(null, STDERR_FILENO);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int fork_errno = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    int st = 0;
+    if (pid > 0)
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+        }
+    if (pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+    if (!quiet) {
+        fprintf(stderr, "terse-run: --hosts: this command failed");
+        if (pid < 0)
+            fprintf(stderr, " (cannot fork: %s)", strerror(fork_errno));
+        else if (WIFEXITED(st))
+            fprintf(stderr, " (exit status %d)", WEXITSTATUS(st));
+        else if (WIFSIGNALED(st))
+            fprintf(stderr, " (killed by signal %d)", WTERMSIG(st));
+        fprintf(stderr, ":");
+        for (size_t i = 0; argv[i]; i++) fprintf(stderr, " %s", argv[i]);
+        fprintf(stderr, "\n");
+    }
+    return -1;
+}
+
+/* Run fn(h, arg) inside host h's network namespace (the launcher is
+ * single-threaded, so it may step in and back out). Returns fn's value, or
+ * -1 when the namespace cannot be entered. */
+static int in_host(const terse__run_job *job, int h, int (*fn)(int, void *), void *arg) {
+    int self = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    int there = open(job->host_ns[h], O_RDONLY | O_CLOEXEC);
+    int rc = -1;
+    if (self >= 0 && there >= 0 && setns(there, CLONE_NEWNET) == 0) {
+        rc = fn(h, arg);
+        if (setns(self, CLONE_NEWNET) != 0) {
+            perror("terse-run: cannot return to the launcher's network namespace");
+            abort();
+        }
+    }
+    if (self >= 0) close(self);
+    if (there >= 0) close(there);
+    return rc;
+}
+
+static int link_running(int h, void *arg) {
+    (void)h;
+    (void)arg;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0) return 0;
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", HOST_IF);
+    int ok = ioctl(s, SIOCGIFFLAGS, &ifr) == 0 && (ifr.ifr_flags & IFF_UP) &&
+             (ifr.ifr_flags & IFF_RUNNING);
+    close(s);
+    return ok;
+}
+
+/* /proc/self/net/dev of the namespace we are in: terse0's rx and tx bytes. */
+static int link_bytes(int h, void *arg) {
+    (void)h;
+    unsigned long long *rxtx = arg;
+    FILE *f = fopen("/proc/self/net/dev", "r");
+    if (!f) return -1;
+    char line[512];
+    int found = -1;
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        *colon = '\0';
+        char *name = line + strspn(line, " ");
+        unsigned long long v[9];
+        if (strcmp(name, HOST_IF) == 0 &&
+            sscanf(colon + 1, "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                   &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]) == 9) {
+            rxtx[0] = v[0];
+            rxtx[1] = v[8];
+            found = 0;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static long long mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int make_ns(int i) {
+    const char *ip = find_tool("ip");
+    const char *add[] = {ip, "netns", "add", ns_name[i], NULL};
+    if (run_cmd(add, 0) != 0) return -1;
+    ns_made[i] = 1;
+    const char *lo[] = {ip, "-n", ns_name[i], "link", "set", "lo", "up", NULL};
+    return run_cmd(lo, 0);
+}
+
+static int shape(const char *ns, const char *dev, const char *rate, const char *burst) {
+    const char *tbf[] = {find_tool("tc"), "-n", ns,    "qdisc", "add",   "dev",   dev, "root",
+                         "tbf",           "rate", rate, "burst", burst, "latency", "50ms", NULL};
+    return run_cmd(tbf, 0);
+}
+
+int terse__run_hosts_up(terse__run_job *job, int (*interrupted)(void)) {
+    const int H = job->nhosts;
+    const char *ip = find_tool("ip");
+    if (!ip) {
+        fprintf(stderr, "terse-run: --hosts needs iproute2's 'ip', found in none of /usr/sbin, "
+                        "/sbin, /usr/bin, /bin (apt-get install iproute2)\n");
+        return -1;
+    }
+    if (job->link && !find_tool("tc")) {
+        fprintf(stderr, "terse-run: --link needs iproute2's 'tc', found in none of /usr/sbin, "
+                        "/sbin, /usr/bin, /bin (apt-get install iproute2)\n");
+        return -1;
+    }
+    job->host_ns = calloc((size_t)H, sizeof *job->host_ns);
+    if (!job->host_ns) {
+        fprintf(stderr, "terse-run: out of memory for %d hosts\n", H);
+        return -1;
+    }
+    snprintf(job->host_if, sizeof job->host_if, "%s", HOST_IF);
+    for (int i = 0; i <= H; i++) {
+        if (i < H)
+            snprintf(ns_name[i], sizeof ns_name[i], "trh%ld-%d", (long)job->launcher, i);
+        else
+            snprintf(ns_name[i], sizeof ns_name[i], "trh%ld-hub", (long)job->launcher);
+        if (i < H) snprintf(job->host_ns[i], sizeof job->host_ns[i], NETNS_DIR "%.31s", ns_name[i]);
+    }
+    /* tbf's burst: the larger of 256 KiB and 2 ms at the rate (as
+     * bench/ps/ps-netns.sh and bench/core/slow-net.sh do). */
+    char burst[32] = "";
+    if (job->link) {
+        double b = (double)terse__run_parse_rate(job->link) / 8 * 0.002;
+        snprintf(burst, sizeof burst, "%.0f", b < 262144 ? 262144 : b);
+    }
+    const char *hub = ns_name[H];
+    if (make_ns(H) != 0 || interrupted()) goto fail;
+    {
+        const char *br[] = {ip, "-n", hub, "link", "add", "br0", "type", "bridge", "stp_state",
+                            "0", "forward_delay", "0", NULL};
+        const char *up[] = {ip, "-n", hub, "link", "set", "br0", "up", NULL};
+        if (run_cmd(br, 0) != 0 || run_cmd(up, 0) != 0) goto fail;
+    }
+    for (int h = 0; h < H; h++) {
+        if (interrupted() || make_ns(h) != 0) goto fail;
+        const char *ns = ns_name[h];
+        char hv[16], addr[32];
+        snprintf(hv, sizeof hv, "hv%d", h);
+        snprintf(addr, sizeof addr, "10.78.0.%d/24", h + 1);
+        const char *pair[] = {ip,     "-n",   hub,     "link", "add",  hv, "type",
+                              "veth", "peer", "name",  HOST_IF, "netns", ns, NULL};
+        const char *port[] = {ip, "-n", hub, "link", "set", hv, "master", "br0", NULL};
+        const char *hub_up[] = {ip, "-n", hub, "link", "set", hv, "up", NULL};
+        const char *set_addr[] = {ip, "-n", ns, "addr", "add", addr, "dev", HOST_IF, NULL};
+        const char *host_up[] = {ip, "-n", ns, "link", "set", HOST_IF, "up", NULL};
+        if (run_cmd(pair, 0) != 0 || run_cmd(port, 0) != 0 || run_cmd(hub_up, 0) != 0 ||
+            run_cmd(set_addr, 0) != 0 || run_cmd(host_up, 0) != 0)
+            goto fail;
+        if (job->link &&
+            (shape(ns, HOST_IF, job->link, burst) != 0 || shape(hub, hv, job->link, burst) != 0))
+            goto fail;
+    }
+    /* A veth reports carrier a moment after both ends are up, and
+     * libfabric's tcp provider lists only running interfaces. */
+    long long deadline = mono_ms() + CARRIER_MS;
+    for (int h = 0; h < H; h++) {
+        while (in_host(job, h, link_running, NULL) != 1) {
+            if (interrupted()) goto fail;
+            if (mono_ms() > deadline) {
+                fprintf(stderr, "terse-run: --hosts: %s in %s did not come up within %d ms\n",
+                        HOST_IF, ns_name[h], CARRIER_MS);
+                goto fail;
+            }
+            nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+        }
+    }
+    return 0;
+fail:
+    terse__run_hosts_down(job);
+    return -1;
+}
+
+int terse__run_hosts_down(terse__run_job *job) {
+    const int H = job->nhosts;
+    const char *ip = find_tool("ip");
+    int rc = 0;
+    for (int h = 0; h < H && job->host_ns; h++) {
+        unsigned long long rxtx[2];
+        if (ns_made[h] && in_host(job, h, link_bytes, rxtx) == 0)
+            fprintf(stderr, "terse-run: host %d link: sent %llu bytes, received %llu bytes\n", h,
+                    rxtx[1], rxtx[0]);
+    }
+    /* hosts first, the hub last: each host's veth pair goes with its host */
+    for (int i = 0; i <= H; i++) {
+        if (!ns_made[i]) continue;
+        const char *del[] = {ip, "netns", "del", ns_name[i], NULL};
+        if (run_cmd(del, 0) != 0) {
+            fprintf(stderr, "terse-run: network namespace %s is left behind: remove it with "
+                            "'ip netns del %s'\n",
+                    ns_name[i], ns_name[i]);
+            rc = -1;
+        } else {
+            ns_made[i] = 0;
+        }
+    }
+    return rc;
+}
