@@ -294,6 +294,10 @@ static inline int tr_mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
                                   &codec));
     float *y = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) y[i] = (float)((int)((i * 7 + (size_t)r) % 13) - 6);
+    /* every rank past init: the call descriptors find the mismatch at
+     * once, and a rank that fails and leaves must not fail another's init */
+    tr_say_ready(o);
+    tr_wait_all_ready(c, o);
     o->u[0] = (uint64_t)terse_allreduce(c, y, n, codec, TERSE_OP_SUM);
     snprintf(o->err, sizeof o->err, "%s", terse_last_error());
     free(y);

@@ -55,6 +55,47 @@ static void run_exchange(int n) {
 }
 
 Test(store, two_ranks_exchange_through_allgather_and_keys) { run_exchange(2); }
+
+/* ---- a colocated worker that gave up (WGONE) ---- */
+
+/* Rank 1 says its worker of colocated pair 1 gave up (twice: the second is
+ * no news and not sent), then of pair 2. Every other rank sees rank 1, and
+ * only rank 1, for the generation it named and not for another; nobody is
+ * lost or dropped for it. The allgathers order the notices: rank 1's
+ * notice reaches the server before its contribution, and the server's
+ * relay reaches the others before the allgather's answer. */
+static int wgone_rank(job *j, int idx) {
+    terse__store *s = NULL;
+    int rc = open_rank(j, idx, &s);
+    if (rc) return rc;
+    uint8_t all[8], out[3];
+    for (uint32_t gen = 1; gen <= 2; gen++) {
+        if (idx == 1) {
+            REQUIRE_OK(terse__store_tell_worker_gone(s, gen));
+            REQUIRE_OK(terse__store_tell_worker_gone(s, gen)); /* no news: not sent */
+        }
+        REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
+        if (idx == 1) continue;
+        for (uint32_t ask = 1; ask <= 3; ask++) {
+            REQUIRE_OK(terse__store_copy_wgone(s, ask, out));
+            for (int r = 0; r < j->nranks; r++)
+                REQUIRE(out[r] == (r == 1 && ask == gen), 20,
+                        "after rank 1's WGONE %u: rank %d reads %d for generation %u", gen, r,
+                        out[r], ask);
+        }
+    }
+    REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
+    REQUIRE_OK(terse__store_check(s)); /* nobody lost, nobody dropped */
+    terse__store_close(s);
+    return 0;
+}
+
+Test(store, a_colocated_worker_that_gave_up_is_told_per_generation) {
+    job j = {.nranks = 3, .nprocs = 3};
+    for (int i = 0; i < 3; i++) j.fn[i] = wgone_rank;
+    run(&j, 20000);
+    expect_all_zero(&j);
+}
 Test(store, four_ranks_exchange_through_allgather_and_keys) { run_exchange(4); }
 
 /* ---- authentication ---- */

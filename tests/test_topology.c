@@ -506,6 +506,10 @@ static int routed_mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
     const int r = terse_comm_rank(c);
     const size_t n = r == 3 ? 300001 : 250000;
     float *y = calloc(n, sizeof(float));
+    /* every rank past init: a rank that fails fast and leaves must not
+     * fail another's init */
+    tr_say_ready(o);
+    tr_wait_all_ready(c, o);
     o->u[0] = (uint64_t)terse_allreduce(c, y, n, NULL, TERSE_OP_SUM);
     snprintf(o->err, sizeof o->err, "%s", terse_last_error());
     free(y);

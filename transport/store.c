@@ -35,6 +35,8 @@ struct terse__store {
     int lost_rank;     /* first rank the server reported lost, or -1 */
     uint8_t *lost_map; /* every rank the server reported lost (nranks) */
     uint8_t *gone_map; /* every rank reported lost or left with a goodbye (nranks) */
+    uint32_t *wgone_gen; /* per rank: the last colocated pair whose worker gave up (WGONE) */
+    uint32_t told_wgone; /* the last generation this rank sent a WGONE for */
     int gone;          /* the connection to the server has ended */
     int rejoin;        /* joined as a lost rank's replacement: losses are
                           recorded, never sticky (the job it joins has some) */
@@ -77,6 +79,11 @@ static int take_notice(terse__store *s, uint8_t type, const uint8_t *b, size_t l
     if (type == TERSE__STORE_LEFT && len == 4) { /* an orderly leave: not a failure */
         uint32_t r = terse__get_u32(b);
         if (r < (uint32_t)s->nranks) s->gone_map[r] = 1;
+        return 1;
+    }
+    if (type == TERSE__STORE_WGONE && len == 8) {
+        uint32_t r = terse__get_u32(b), gen = terse__get_u32(b + 4);
+        if (r < (uint32_t)s->nranks && gen > s->wgone_gen[r]) s->wgone_gen[r] = gen;
         return 1;
     }
     if (type == TERSE__STORE_FAILED && len >= 8 && len <= 8 + TERSE__STORE_MAX_FAILED) {
@@ -375,10 +382,12 @@ terse_status terse__store_open_ex(const char *addr, int rank, int nranks, const 
     s->rejoin = rejoin;
     s->lost_map = calloc((size_t)(nranks > 0 ? nranks : 1), 1);
     s->gone_map = calloc((size_t)(nranks > 0 ? nranks : 1), 1);
+    s->wgone_gen = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof *s->wgone_gen);
     s->incarnation = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof *s->incarnation);
-    if (!s->lost_map || !s->gone_map || !s->incarnation) {
+    if (!s->lost_map || !s->gone_map || !s->wgone_gen || !s->incarnation) {
         free(s->lost_map);
         free(s->gone_map);
+        free(s->wgone_gen);
         free(s->incarnation);
         free(s);
         return TERSE_ERROR(TERSE_ERR_NOMEM, "cannot allocate the store client");
@@ -415,6 +424,7 @@ static void free_client(terse__store *s) {
     }
     free(s->lost_map);
     free(s->gone_map);
+    free(s->wgone_gen);
     free(s->incarnation);
     free(s);
 }
@@ -647,6 +657,16 @@ static terse_status impl_tell_failed(terse__store *s, terse_status status, const
                       terse__store_now_ms() + budget);
 }
 
+static terse_status impl_tell_wgone(terse__store *s, uint32_t gen) {
+    if (!s || forked(s) || s->gone || gen <= s->told_wgone) return TERSE_OK; /* nobody to tell */
+    uint64_t budget = (uint64_t)(s->timeout_ms < 1000 ? s->timeout_ms : 1000);
+    uint8_t g[4];
+    terse__put_u32(g, gen);
+    s->told_wgone = gen;
+    return send_frame(s, TERSE__STORE_WGONE, g, 4, NULL, 0, NULL, 0,
+                      terse__store_now_ms() + budget);
+}
+
 terse_status terse__store_announce_back(terse__store *s, const void *blob, size_t len) {
     if (!s || !s->rejoin || !blob || !len || len > TERSE__STORE_MAX_BACK)
         return TERSE_ERROR(TERSE_ERR_INVALID, "store BACK: only a replacement announces itself, "
@@ -750,6 +770,19 @@ void terse__store_mark_lost(terse__store *s, int rank) {
     int h = lock_store(s);
     impl_mark_lost(s, rank);
     unlock_store(h);
+}
+terse_status terse__store_tell_worker_gone(terse__store *s, uint32_t gen) {
+    int h = lock_store(s);
+    terse_status r = impl_tell_wgone(s, gen);
+    unlock_store(h);
+    return r;
+}
+terse_status terse__store_copy_wgone(terse__store *s, uint32_t gen, uint8_t *out) {
+    int h = lock_store(s);
+    terse_status r = poll_notices(s);
+    for (int i = 0; s && i < s->nranks; i++) out[i] = s->wgone_gen[i] == gen;
+    unlock_store(h);
+    return r;
 }
 terse_status terse__store_tell_failed(terse__store *s, terse_status status, const char *why) {
     int h = lock_store(s);

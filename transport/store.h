@@ -101,6 +101,16 @@ terse_status terse__store_check(void *store);
  * once that rank, or any other, has left or been lost: the notice is the
  * first cause, and the ranks that heard it leave without a goodbye. */
 
+/* A colocated parameter server (algos/ps/ps_colocate.c): tell every other
+ * rank that this rank's worker of colocated pair `gen` (1, 2, ... in the
+ * order the communicator made them) failed and will never finish, so their
+ * servers count it lost instead of waiting for it (once per generation;
+ * waits at most 1 s to send). terse__store_copy_wgone sets out[r] (nranks
+ * bytes) for the ranks that announced generation `gen`, after taking in
+ * the notices that have arrived. */
+terse_status terse__store_tell_worker_gone(terse__store *s, uint32_t gen);
+terse_status terse__store_copy_wgone(terse__store *s, uint32_t gen, uint8_t *out);
+
 /* Tell every other rank, through the server, that this rank's collective
  * failed with `status` for a reason they should hear (their arguments
  * disagree with this rank's): `why` (cut to 400 bytes) reaches them as

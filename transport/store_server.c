@@ -53,6 +53,7 @@ typedef struct conn {
     int authed, rank, said_bye;
     int rejoined, announced; /* a replacement; it sent its BACK */
     int failed; /* it sent a FAILED notice (relayed); its leaving is no news */
+    uint32_t wgone_gen; /* the last WGONE generation it sent (relayed), 0: none */
     int loud; /* its drop is always logged (a failed authentication, a refusal) */
     uint64_t hs_deadline;
     uint8_t snonce[TERSE__STORE_NONCE];
@@ -394,6 +395,27 @@ static void handle_failed(terse__store_server *s, size_t slot, const uint8_t *b,
             queue(s, i, TERSE__STORE_FAILED, hdr, sizeof hdr, text, len);
 }
 
+/* A rank's colocated worker gave up unfinished: relay its rank to every
+ * other rank, once per connection. */
+static void handle_wgone(terse__store_server *s, size_t slot, const uint8_t *b, size_t n) {
+    conn *c = &s->c[slot];
+    uint32_t gen = n == 4 ? terse__get_u32(b) : 0;
+    if (n != 4 || gen <= c->wgone_gen) {
+        drop(s, slot, "rank %d sent a WGONE it may not send (%zu bytes; %s)", c->rank, n,
+             n != 4 ? "bad length" : "a generation not above its last");
+        return;
+    }
+    c->wgone_gen = gen;
+    slog(s, "rank %d (%s): the worker of its colocated parameter server #%u failed and stopped; "
+            "telling the other ranks", c->rank, c->peer, gen);
+    uint8_t hdr[8];
+    terse__put_u32(hdr, (uint32_t)c->rank);
+    terse__put_u32(hdr + 4, gen);
+    for (size_t i = 0; i < s->nslots; i++)
+        if (i != slot && s->c[i].fd >= 0 && s->c[i].authed)
+            queue(s, i, TERSE__STORE_WGONE, hdr, sizeof hdr, NULL, 0);
+}
+
 /* ---- requests from authenticated ranks ---- */
 
 /* Parse "u32 id, u16 klen, key" at the front of a SET or GET body. */
@@ -467,6 +489,7 @@ static void handle_request(terse__store_server *s, size_t slot, uint8_t type, co
     else if (type == TERSE__STORE_BYE && n == 0) c->said_bye = 1;
     else if (type == TERSE__STORE_BACK) handle_back(s, slot, b, n);
     else if (type == TERSE__STORE_FAILED) handle_failed(s, slot, b, n);
+    else if (type == TERSE__STORE_WGONE) handle_wgone(s, slot, b, n);
     else drop(s, slot, "rank %d sent an unexpected frame type %u (%zu bytes)", c->rank, type, n);
 }
 

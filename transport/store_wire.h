@@ -72,6 +72,12 @@ typedef enum terse__store_frame {
      * every rank should hear (the ranks' arguments disagree); S->C u32 rank,
      * u32 status, text: relayed to every other rank, once per rank */
     TERSE__STORE_FAILED = 13,
+    /* C->S u32 generation: this rank's worker of its colocated parameter
+     * server number `generation` (1, 2, ... per communicator) failed and
+     * will never finish (algos/ps/ps_colocate.c); S->C u32 rank, u32
+     * generation: relayed to every other rank, generations increasing, so
+     * their servers stop waiting for it */
+    TERSE__STORE_WGONE = 14,
 } terse__store_frame;
 
 typedef enum terse__store_refusal {

@@ -186,6 +186,10 @@ struct terse_comm {
     terse_comm *parent;
     int vreal;
     uint8_t *vmap;
+    uint32_t vgen; /* which of the parent's colocated pairs (1, 2, ...; every
+                      rank makes them in the same order): the generation a
+                      worker's WGONE names (terse__store_tell_worker_gone) */
+    uint32_t colo_gen; /* the parent's side: colocated pairs made so far */
     /* the parent's side: its colocated communicators, whose bytes and
      * seconds its terse_comm_get_stats adds in (under stats_lock) */
     terse_comm *twin[2];

@@ -12,11 +12,16 @@ static terse_status map_virtual(terse_comm *c, int gone, const uint8_t **map) {
     if (!c->parent)
         return gone ? terse__store_poll_gone(c->store, map) : terse__store_poll_lost(c->store, map);
     const int N = c->vreal;
-    uint8_t *real = c->vmap + 2 * (size_t)N;
+    uint8_t *real = c->vmap + 2 * (size_t)N, *wgone = real + N;
     terse_status s = terse__store_copy_map(c->store, gone, real);
     for (int v = 0; v < 2 * N; v++) c->vmap[v] = real[v % N];
+    /* A rank whose worker failed and gave up (terse__store_tell_worker_gone)
+     * is lost as a worker (N + r), not as a server (r): its endpoint reads
+     * nothing more, so it is gone for the close's flush too. */
+    terse_status w = terse__store_copy_wgone(c->store, c->vgen, wgone);
+    for (int r = 0; r < N; r++) c->vmap[N + r] |= wgone[r];
     *map = c->vmap;
-    return s;
+    return s != TERSE_OK ? s : w;
 }
 
 terse_status terse__comm_poll_lost(terse_comm *c, const uint8_t **map) {

@@ -49,7 +49,7 @@ static void free_twin(terse_comm *c) {
 static terse_comm *new_twin(terse_comm *a, int rank) {
     terse_comm *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->vmap = calloc(3 * (size_t)a->nranks, 1);
+    c->vmap = calloc(4 * (size_t)a->nranks, 1); /* comm_vmap.c */
     if (!c->vmap) {
         free(c);
         return NULL;
@@ -79,6 +79,9 @@ terse_status terse__comm_colocate(terse_comm *a, terse_comm **srv, terse_comm **
                            "rank %d: colocated servers need a job of 2 ranks or more", a->rank);
     const int N = a->nranks;
     terse_comm *t[2] = {new_twin(a, a->rank), new_twin(a, N + a->rank)};
+    const uint32_t gen = ++a->colo_gen;
+    for (int i = 0; i < 2; i++)
+        if (t[i]) t[i]->vgen = gen;
     terse_status s = TERSE_OK, local = TERSE_OK;
     char why[512] = "";
     uint8_t mine[2 * ENTRY] = {0};

@@ -176,8 +176,13 @@ void terse__ps_colo_stop(terse_ps *ps) {
      * own finish included: started if the worker never made a request. */
     if (!colo->serve && terse__ps_colo_serve(ps) != TERSE_OK) return;
     /* A worker that could not finish (its communicator failed) never will:
-     * its own server counts it lost instead of waiting for the timeout. */
-    if (!ps->finished) atomic_store(&colo->srv->colo_worker_gone, 1);
+     * its own server counts it lost instead of waiting for the timeout, and
+     * so do the other ranks' servers, told through the store (their
+     * lost maps show this rank's worker, comm_vmap.c). */
+    if (!ps->finished) {
+        atomic_store(&colo->srv->colo_worker_gone, 1);
+        if (ps->comm && ps->comm->store) (void)terse__store_tell_worker_gone(ps->comm->store, ps->comm->vgen);
+    }
     terse_status s = terse_request_wait(colo->serve);
     if (s != TERSE_OK)
         fprintf(stderr, "terse: rank %d: its colocated server ended: %s\n", ps->colo_rank,

@@ -85,7 +85,14 @@ static terse_status poll_losses(terse_ps *ps) {
     int any = 0;
     for (int w = ps->nservers; w < ps->nranks; w++)
         if (lost[w] && !terse__ps_wk(ps, w)->lost && !terse__ps_wk(ps, w)->finished) {
-            mark_lost(ps, w, "its connection to the bootstrap store dropped without a goodbye");
+            /* colocated: a worker lost while its rank's server is not gave up
+             * after a failure (terse__store_tell_worker_gone) */
+            const int gave_up = c->parent && w - ps->nservers < ps->nservers &&
+                                !lost[w - ps->nservers];
+            mark_lost(ps, w, gave_up ? "its rank said through the bootstrap store that this "
+                                       "colocated worker failed and stopped"
+                                     : "its connection to the bootstrap store dropped without a "
+                                       "goodbye");
             any = 1;
         }
     /* colocated: this rank's own worker failed and will never finish */
