@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algos/coll/coll.h"
 #include "ranks.h"
 #include "testutil.h"
 
@@ -37,9 +38,10 @@ typedef struct {
     const char *want;
     int n;
     const char *host[8];
+    int pipelined; /* fixed-size codecs must be cut into chunks (TERSE_RING_CHUNK_BYTES small) */
 } hjob;
 
-static const hjob two_by_two = {"codec-hier", NR, {"a", "a", "b", "b"}};
+static const hjob two_by_two = {"codec-hier", NR, {"a", "a", "b", "b"}, 0};
 
 static void set_host(int rank, const void *arg) {
     const hjob *j = arg;
@@ -107,6 +109,7 @@ static int hier_body(terse_comm *c, tr_out *o, const void *arg) {
         const char *algo = terse_allreduce_algorithm(c, codec, NE);
         o->u[k] = hier ? strcmp(algo, "codec-hier") == 0
                        : strcmp(algo, "codec-hier") != 0 && strncmp(algo, "dense", 5) != 0;
+        o->u[8 + k] = hier ? terse__codec_hier_parts(c, codec) : 0; /* segments cut */
         if (!o->u[k]) snprintf(o->err, sizeof o->err, "%s: %s", cases[k].spec, algo);
         rank_input(r, y);
         TR_CALL(o, terse_allreduce(c, y, NE, codec, TERSE_OP_AVG));
@@ -163,7 +166,10 @@ static int hier_body(terse_comm *c, tr_out *o, const void *arg) {
 static tr_out *run_hier(const hjob *j) {
     tr_before_init = set_host;
     tr_job job = {"tcp", j->n, 20000, 120, -1};
-    return tr_run(&job, hier_body, j);
+    if (j->pipelined) setenv("TERSE_RING_CHUNK_BYTES", "16384", 1); /* 8 Ki floats a shard */
+    tr_out *o = tr_run(&job, hier_body, j);
+    unsetenv("TERSE_RING_CHUNK_BYTES");
+    return o;
 }
 
 static void check_hier(tr_out *o, const hjob *j) {
@@ -179,6 +185,12 @@ static void check_hier(tr_out *o, const hjob *j) {
                       want_algo, o[r].err);
             cr_expect_eq(o[r].hash[k], o[0].hash[k], "%s: rank %d's bits differ from rank 0's",
                          cases[k].spec, r);
+            if (j->pipelined && strncmp(cases[k].spec, "topk", 4) != 0)
+                cr_expect_gt(o[r].u[8 + k], 2, "%s: rank %d: not pipelined (%d segments)",
+                             cases[k].spec, r, (int)o[r].u[8 + k]);
+            if (!j->pipelined && !strcmp(want_algo, "codec-hier"))
+                cr_expect_eq(o[r].u[8 + k], 2, "%s: rank %d: %d segments, not one a local rank",
+                             cases[k].spec, r, (int)o[r].u[8 + k]);
             cr_expect_leq(o[r].val[k], 1.0, "%s: rank %d's error is %.3g x its bound",
                           cases[k].spec, r, o[r].val[k]);
         }
@@ -224,7 +236,28 @@ Test(codec_hier, topology_flat_keeps_the_flat_path, .timeout = 300) {
 Test(codec_hier, three_hosts_of_two_interleaved, .timeout = 300) {
     unsetenv("TERSE_TOPOLOGY");
     unsetenv("TERSE_COMPRESSED_ALGO");
-    const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}};
+    const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 0};
+    tr_out *o = run_hier(&j);
+    check_hier(o, &j);
+    tr_release(o);
+}
+
+/* The same, pipelined: fixed-size codecs cut into chunks of L segments
+ * (topk, whose lengths travel, stays whole). */
+Test(codec_hier, two_hosts_of_two_pipelined, .timeout = 300) {
+    unsetenv("TERSE_TOPOLOGY");
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    hjob j = two_by_two;
+    j.pipelined = 1;
+    tr_out *o = run_hier(&j);
+    check_hier(o, &j);
+    tr_release(o);
+}
+
+Test(codec_hier, three_hosts_of_two_pipelined, .timeout = 300) {
+    unsetenv("TERSE_TOPOLOGY");
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 1};
     tr_out *o = run_hier(&j);
     check_hier(o, &j);
     tr_release(o);
@@ -275,7 +308,8 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
     if (!y || !keep) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
     tu_fill_gauss(y, n, 77 + (uint64_t)terse_comm_rank(c));
     TR_CALL(o, terse_allreduce(c, y, n, codec, TERSE_OP_AVG));
-    o->hash[1] = !strcmp(terse_allreduce_algorithm(c, codec, n), "codec-hier");
+    o->hash[1] = !strcmp(terse_allreduce_algorithm(c, codec, n), "codec-hier") &&
+                 terse__codec_hier_parts(c, codec) == 2;
     tr_say_ready(o);
     tr_wait_all_ready(c, o);
     /* rank 3 stops before the next call (a loss would be refused before
@@ -304,13 +338,17 @@ Test(codec_hier, a_killed_rank_fails_every_survivor_with_its_codec_as_before) {
     /* no call descriptors: with them, rank 0's data would wait for rank 3's
      * descriptor, and host a would never get as far as encoding */
     setenv("TERSE_CHECK_CALLS", "off", 1);
+    /* one chunk (the whole variant): pipelined, the hello crosses the rail
+     * first, and rank 1 would fail waiting for rank 3's before encoding */
+    setenv("TERSE_RING_CHUNK_BYTES", "16777216", 1);
     tr_out *o = tr_run(&job, kill_body, &two_by_two);
     unsetenv("TERSE_CHECK_CALLS");
+    unsetenv("TERSE_RING_CHUNK_BYTES");
     tr_known_segv = NULL;
     for (int r = 0; r < NR - 1; r++) {
         if (!o[r].finished) continue; /* the known crash: tr_run warned */
         terse_status s = (terse_status)o[r].u[0];
-        cr_expect_eq(o[r].hash[1], 1, "survivor %d: not codec-hier", r);
+        cr_expect_eq(o[r].hash[1], 1, "survivor %d: not codec-hier in one chunk", r);
         cr_expect(s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT, "survivor %d got %s (%s)",
                   r, terse_status_name(s), o[r].err);
         if (strstr(o[r].err, TR_SHM_LOCK_SPIN)) {

@@ -119,7 +119,8 @@ static terse_status choose(terse_comm *c, terse_codec *codec, run_kind *kind,
     terse_status s = TERSE_OK;
     if (terse__codec_hier_wanted(c, codec)) {
         const terse__segments *g = NULL;
-        s = terse__codec_segments(codec, (uint32_t)c->local_size, (uint32_t)c->local_rank, &g);
+        s = terse__codec_segments(codec, terse__codec_hier_parts(c, codec),
+                                  (uint32_t)c->local_rank, &g);
         if (s == TERSE_OK && g) *kind = RUN_HIER;
     }
     if (s == TERSE_OK && *kind == RUN_GATHER && want_rs(c, codec)) {

@@ -33,7 +33,15 @@
  * codec with relative error beta errs by at most beta ||host sum|| per host,
  * no re-encode on top (the reduce-scatter path's second quantization).
  *
- * Not pipelined: the three phases run one after another. */
+ * Pipelined for fixed-size codecs (TERSE_CODEC_FIXED_SIZE: no lengths
+ * travel) whose shards would hold more than two ring chunks of fp32, as
+ * dense-hier: the tensor is cut into T chunks of L segments each
+ * (terse__codec_hier_parts; segment t L + j is chunk t's, owned by local
+ * rank j, so each owner keeps its residual over its segments), the hello
+ * carries the digest to the rail as well, and the reduce-scatter of chunk
+ * t, the rail exchange of t - 1 and the all-gather of t - 2 travel
+ * together (pipelined() below). Other codecs (topk: lengths travel) run
+ * the phases one after another on one chunk. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -56,15 +64,31 @@ int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec) {
     return terse__codec_can_cut(codec, (uint32_t)c->local_size);
 }
 
+uint32_t terse__codec_hier_parts(const terse_comm *c, const terse_codec *codec) {
+    const size_t L = (size_t)c->local_size, n = terse_codec_elements(codec);
+    if (!terse__codec_fixed_size(codec)) return (uint32_t)L; /* lengths travel: one chunk */
+    /* chunks whose shards hold two ring chunks of fp32, as dense-hier's */
+    const size_t per_shard = 2 * terse__ring_chunk_bytes(c) / sizeof(float);
+    size_t T = (n + L * per_shard - 1) / (L * per_shard);
+    if (T > 4096) T = 4096;
+    while (T > 1 && !terse__codec_can_cut(codec, (uint32_t)(L * T))) T--;
+    return (uint32_t)(L * (T ? T : 1));
+}
+
+static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, terse_op op,
+                              const terse__segments *g);
+
 terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                          terse_op op) {
     (void)n; /* the codec is bound to n elements (terse_allreduce checked) */
     const int L = c->local_size, H = c->nhosts, l = c->local_rank, h = c->host_index;
     const terse__segments *g = NULL;
-    TERSE_CHECK(terse__codec_segments(codec, (uint32_t)L, (uint32_t)l, &g));
+    const uint32_t parts = terse__codec_hier_parts(c, codec);
+    TERSE_CHECK(terse__codec_segments(codec, parts, (uint32_t)l, &g));
     if (!g)
-        return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: codec '%s' has no %d segments", c->rank,
-                           terse_codec_spec(codec), L);
+        return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: codec '%s' has no %u segments", c->rank,
+                           terse_codec_spec(codec), parts);
+    if (parts > (uint32_t)L) return pipelined(c, buf, codec, op, g);
     size_t max_len = 0;
     for (int j = 0; j < L; j++)
         if (g->len[j] > max_len) max_len = g->len[j];
@@ -200,6 +224,154 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
                                       &c->reqs[nreq++]));
     }
     TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
+    terse__codec_segments_done(codec);
+    return TERSE_OK;
+}
+
+/* The pipelined variant, for fixed-size codecs (no lengths travel) cut into
+ * T > 1 chunks of L segments (segment t L + j: chunk t, owner j). At step
+ * t the requests of the reduce-scatter of chunk t, the rail exchange of
+ * chunk t - 1 (encoded at the end of step t - 1) and the all-gather of
+ * chunk t - 2 (decoded at the end of step t - 1) are posted together and
+ * waited for; then chunk t's copies are summed and encoded, and chunk t -
+ * 1's messages decoded in host order. Same arithmetic per segment as the
+ * whole variant, so every rank still ends with the same bits. */
+static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, terse_op op,
+                              const terse__segments *g) {
+    const int L = c->local_size, H = c->nhosts, l = c->local_rank, h = c->host_index;
+    const size_t T = g->nranks / (size_t)L;
+    size_t max_len = 0;
+    for (uint32_t j = 0; j < g->nranks; j++)
+        if (g->len[j] > max_len) max_len = g->len[j];
+    const size_t stride = (max_len + 15) & ~(size_t)15;
+    const size_t slot = (g->max_bound + 63) & ~(size_t)63;
+    if (stride > SIZE_MAX / sizeof(float) / (size_t)L || slot > SIZE_MAX / (2 * (size_t)H))
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: scratch for %d segments overflows",
+                           c->rank, L);
+    float *tmp = terse__comm_scratch(c, 1, (size_t)L * stride * sizeof(float));
+    /* chunk t's H messages at msg + (t % 2) H slot */
+    uint8_t *msg = terse__comm_scratch(c, 0, 2 * (size_t)H * slot);
+    uint64_t *hello = terse__comm_scratch(c, 2, ((size_t)L + (size_t)H) * sizeof(uint64_t));
+    if (!tmp || !msg || !hello) return TERSE_ERR_NOMEM;
+    int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
+    for (int j = 0; j < L; j++) local[j] = j == l ? c->rank : rank_at(c, h, j);
+    for (int q = 0; q < H; q++) rail[q] = q == h ? c->rank : rank_at(c, q, l);
+    const uint64_t digest = terse__codec_cut_digest(codec);
+    const float alpha = op == TERSE_OP_AVG ? 1.0f / (float)c->nranks : 1.0f;
+#define SEG(t, j) ((size_t)(t) * (size_t)L + (size_t)(j))
+#define MSG(t, q) (msg + ((size_t)((t) % 2) * (size_t)H + (size_t)(q)) * slot)
+
+    /* hello: the digest to the local peers and the rail (no lengths later) */
+    terse__comm_next_phase(c);
+    size_t nreq = 0;
+    uint64_t *lh = hello, *rh = hello + L;
+    lh[l] = digest;
+    rh[h] = digest;
+    for (int j = 0; j < L; j++) {
+        if (j == l) continue;
+        TERSE_CHECK(terse__comm_irecv(c, local[j], terse__comm_tag(c, 0), &lh[j],
+                                      sizeof(uint64_t), TERSE__BYTES_FRAMING, &c->reqs[nreq++]));
+        TERSE_CHECK(terse__comm_isend(c, local[j], terse__comm_tag(c, 0), &lh[l],
+                                      sizeof(uint64_t), TERSE__BYTES_FRAMING, &c->reqs[nreq++]));
+    }
+    for (int q = 0; q < H; q++) {
+        if (q == h) continue;
+        TERSE_CHECK(terse__comm_irecv(c, rail[q], terse__comm_tag(c, 1), &rh[q],
+                                      sizeof(uint64_t), TERSE__BYTES_FRAMING, &c->reqs[nreq++]));
+        TERSE_CHECK(terse__comm_isend(c, rail[q], terse__comm_tag(c, 1), &rh[h],
+                                      sizeof(uint64_t), TERSE__BYTES_FRAMING, &c->reqs[nreq++]));
+    }
+    TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
+    for (int k = 0; k < L + H; k++)
+        if (hello[k] != digest)
+            return TERSE_ERROR(TERSE_ERR_CORRUPT,
+                               "rank %d: rank %d's codec or its cut into %u segments differs "
+                               "from this rank's '%s' (do all ranks use the same spec and "
+                               "shape?)",
+                               c->rank, k < L ? local[k] : rail[k - L], g->nranks,
+                               terse_codec_spec(codec));
+
+    for (size_t t = 0; t < T + 2; t++) {
+        terse__comm_next_phase(c);
+        nreq = 0;
+        /* 1. reduce-scatter of chunk t */
+        if (t < T) {
+            const uint64_t tag = terse__comm_tag(c, 0);
+            const size_t mlen = g->len[SEG(t, l)];
+            for (int j = 0; j < L; j++) {
+                if (j == l) continue;
+                TERSE_CHECK(terse__comm_irecv(c, local[j], tag, tmp + (size_t)j * stride,
+                                              mlen * sizeof(float), TERSE__BYTES_PAYLOAD,
+                                              &c->reqs[nreq++]));
+                TERSE_CHECK(terse__comm_isend(c, local[j], tag, buf + g->off[SEG(t, j)],
+                                              g->len[SEG(t, j)] * sizeof(float),
+                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+            }
+        }
+        /* 2. the rail exchange of chunk t - 1 (fixed sizes: the child's bound) */
+        if (t >= 1 && t - 1 < T) {
+            const uint64_t tag = terse__comm_tag(c, 1);
+            const size_t mb = terse_codec_bound(g->child[SEG(t - 1, l)]);
+            for (int q = 0; q < H; q++) {
+                if (q == h) continue;
+                TERSE_CHECK(terse__comm_irecv(c, rail[q], tag, MSG(t - 1, q), mb,
+                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+                TERSE_CHECK(terse__comm_isend(c, rail[q], tag, MSG(t - 1, h), mb,
+                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+            }
+        }
+        /* 3. the all-gather of chunk t - 2 */
+        if (t >= 2) {
+            const uint64_t tag = terse__comm_tag(c, 2);
+            for (int j = 0; j < L; j++) {
+                if (j == l) continue;
+                TERSE_CHECK(terse__comm_irecv(c, local[j], tag, buf + g->off[SEG(t - 2, j)],
+                                              g->len[SEG(t - 2, j)] * sizeof(float),
+                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+                TERSE_CHECK(terse__comm_isend(c, local[j], tag, buf + g->off[SEG(t - 2, l)],
+                                              g->len[SEG(t - 2, l)] * sizeof(float),
+                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+            }
+        }
+        TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
+        uint64_t t0 = terse__now_ns();
+        terse_status s = TERSE_OK;
+        /* chunk t: sum in local-rank order, encode */
+        if (t < T) {
+            const size_t sg = SEG(t, l), mlen = g->len[sg];
+            float *mine = buf + g->off[sg];
+            memcpy(tmp + (size_t)l * stride, mine, mlen * sizeof(float));
+            memcpy(mine, tmp, mlen * sizeof(float));
+            for (int j = 1; j < L; j++)
+                terse__reduce_add(mine, tmp + (size_t)j * stride, mlen, 0, 1.0f);
+            size_t len = 0;
+            s = terse__codec_encode_segment(codec, (uint32_t)sg, mine, MSG(t, h), slot, &len);
+            if (s == TERSE_OK)
+                s = terse__codec_check_fixed(codec, c->rank, len,
+                                             terse_codec_bound(g->child[sg]));
+        }
+        /* chunk t - 1: decode in host order */
+        if (s == TERSE_OK && t >= 1 && t - 1 < T) {
+            const size_t sg = SEG(t - 1, l);
+            const size_t mb = terse_codec_bound(g->child[sg]);
+            for (int q = 0; q < H && s == TERSE_OK; q++) {
+                s = terse__codec_decode_segment(codec, (uint32_t)sg, MSG(t - 1, q), mb,
+                                                buf + g->off[sg], alpha, q > 0);
+                if (s != TERSE_OK) {
+                    terse__comm_codec_time(c, t0);
+                    char why[400];
+                    snprintf(why, sizeof why, "%s", terse__comm_last_sentence());
+                    return TERSE_ERROR(s, "rank %d: decoding rank %d's message for segment %zu: "
+                                          "%s",
+                                       c->rank, rail[q], sg, why);
+                }
+            }
+        }
+        terse__comm_codec_time(c, t0);
+        TERSE_CHECK(s);
+    }
+#undef SEG
+#undef MSG
     terse__codec_segments_done(codec);
     return TERSE_OK;
 }

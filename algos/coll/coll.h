@@ -50,6 +50,10 @@ int terse__hier_wanted(const terse_comm *c, size_t n);
  * host, each segment's host sum encoded once by its owner and exchanged
  * along its rail, fp32 all-gather inside the host. */
 int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec);
+/* How many segments it cuts the codec into: local_size, or local_size x T
+ * chunks for a fixed-size codec whose shards would exceed two ring chunks
+ * (pipelined). */
+uint32_t terse__codec_hier_parts(const terse_comm *c, const terse_codec *codec);
 terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                          terse_op op);
 
