@@ -14,7 +14,11 @@
  *     back into its segment of e with alpha = -1 -- terse_encode's rule,
  *     segment by segment, so e = p - D(C(p)) over the whole tensor;
  *   - the owner's re-encode of its segment's sum: the same rule on a
- *     second residual, `hop`, of the owned segment's length.
+ *     second residual, `hop`, of the owned segment's length;
+ *   - the compressed hierarchical all-reduce's owner (cut into local_size
+ *     segments): its host's sum of segment s encoded through the parent's
+ *     residual over that segment only (terse__codec_encode_segment); the
+ *     hop residual is allocated with the cut but unused there.
  *
  * Random streams: a child codes segment s with tensor id
  * mix(tensor, s + 1) and the parent's rank, and the owner's re-encode with
@@ -284,6 +288,27 @@ terse_status terse__codec_requantize(terse_codec *c, const float *sum, uint8_t *
     child_stream(child, c, r, c->rank | HOP_RANK_BIT);
     TERSE_CHECK(terse_encode(child, src, msg, cap, len));
     if (g->hop) TERSE_CHECK(terse_decode(child, msg, *len, g->hop, -1.0f, 1));
+    return TERSE_OK;
+}
+
+terse_status terse__codec_encode_segment(terse_codec *c, uint32_t s, const float *x, uint8_t *msg,
+                                         size_t cap, size_t *len) {
+    const terse__segments *g = c->segs;
+    const size_t off = g->off[s], n = g->len[s];
+    const float *src = x;
+    if (c->ef) {
+        float *e = c->residual + off;
+        if (x < e + n && e < x + n)
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "codec '%s': a segment's input overlaps the codec's residual",
+                               c->ops.name);
+        for (size_t i = 0; i < n; i++) e[i] += x[i];
+        src = e;
+    }
+    terse_codec *child = g->child[s];
+    child_stream(child, c, s, c->rank);
+    TERSE_CHECK(terse_encode(child, src, msg, cap, len));
+    if (c->ef) TERSE_CHECK(terse_decode(child, msg, *len, c->residual + off, -1.0f, 1));
     return TERSE_OK;
 }
 

@@ -80,6 +80,14 @@ uint64_t terse__codec_cut_digest(const terse_codec *c);
  * through the hop residual) into msg (cap >= max_bound). */
 terse_status terse__codec_requantize(terse_codec *c, const float *sum, uint8_t *msg, size_t cap,
                                      size_t *len);
+/* Encode `x`, the len[s] floats of segment s (not the whole tensor), as
+ * this rank's message for that segment; with ef=1 through the parent's
+ * residual over the segment's elements (terse_encode's rule on them; the
+ * rest of the residual is untouched). For the compressed hierarchical
+ * all-reduce: the owner of segment s encodes its host's sum. On failure
+ * restore the snapshot. */
+terse_status terse__codec_encode_segment(terse_codec *c, uint32_t s, const float *x, uint8_t *msg,
+                                         size_t cap, size_t *len);
 /* Decode piece msg of segment s into dst (len[s] floats). */
 terse_status terse__codec_decode_segment(terse_codec *c, uint32_t s, const uint8_t *msg,
                                          size_t len, float *dst, float alpha, int accumulate);

@@ -559,9 +559,9 @@ typedef struct terse_comm terse_comm;
  *   TERSE_TOPOLOGY          auto (default) | flat | hier: auto and hier route
  *                           per peer (shm inside a host, the network
  *                           between hosts) when there are several hosts,
- *                           and run the hierarchical dense all-reduce
- *                           (auto: above TERSE_RD_MAX_BYTES; hier: at any
- *                           size); flat keeps one provider for every pair
+ *                           and run the hierarchical all-reduce, dense
+ *                           or compressed (auto: above TERSE_RD_MAX_BYTES;
+ *                           hier: at any size); flat keeps one provider for every pair
  *                           and the flat algorithms (see
  *                           terse_comm_topology). Compared at init.
  *   TERSE_CHECK_CALLS       on (default) | off: off sends no call
@@ -610,7 +610,11 @@ typedef struct terse_comm terse_comm;
  *                           all-gather would move more bytes than dense
  *                           (see terse_allreduce); rs is faster from 4
  *                           ranks but re-encodes the sums (a second
- *                           quantization). Compared at init.
+ *                           quantization). gather or rs also keep such
+ *                           codecs off the compressed hierarchical
+ *                           all-reduce ("codec-hier", see
+ *                           terse_comm_topology), which auto takes with
+ *                           several hosts. Compared at init.
  *   TERSE_PROGRESS          thread (default) | caller: see Progress below.
  *   TERSE_FABRIC_REGISTER=1 register every buffer even when the provider
  *                           does not require it (for testing).
@@ -719,10 +723,19 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * across hosts (one rail per local rank, all at once), all-gather inside
  * each host; terse_allreduce_algorithm says "dense-hier" -- and so are the
  * dense sums inside codecs with rounds (powersgd) or a summable view
- * (randk). Every rank still ends with the same bits (not the flat ring's:
- * another summation order). Other codecs, broadcast, all-gather, barrier,
- * the parameter server and hosts of unequal size run their flat
- * algorithms over the routed pairs. terse_comm_topology gives this rank's host index, local
+ * (randk). Codecs whose messages travel (fp16, bf16, int8, qsgd, sign,
+ * ...) and that can be cut into local_size segments on their buckets take
+ * the compressed hierarchical all-reduce under the same conditions (and
+ * TERSE_COMPRESSED_ALGO auto): an exact fp32 reduce-scatter inside each
+ * host, each segment's host sum encoded once by the local rank that owns
+ * it (error feedback: the codec's residual over that segment, kept by its
+ * owner) and exchanged along its rail, decoded in host order, then an
+ * fp32 all-gather inside each host; compression only between hosts, one
+ * encode per host sum instead of one per rank; terse_allreduce_algorithm
+ * says "codec-hier". Every rank still ends with the same bits (not the
+ * flat paths': another summation order). Other codecs, broadcast,
+ * all-gather, barrier, the parameter server and hosts of unequal size run
+ * their flat algorithms over the routed pairs. terse_comm_topology gives this rank's host index, local
  * rank, local size and the number of hosts (any pointer may be NULL; a
  * single rank is host 0 of 1, local rank 0 of 1). terse_comm_host_of gives
  * any rank's host index (-1 for a rank out of range). (Added in 0.4.) */
@@ -774,7 +787,8 @@ TERSE_API terse_status terse_allreduce(terse_comm *comm, float *buf, size_t n,
  * The algorithm terse_allreduce runs for n floats with this codec (NULL:
  * dense) on this communicator, for logs and benchmarks: "dense-rd"
  * (recursive doubling), "dense-ring", "dense-hier" (hierarchical:
- * terse_comm_topology), "rounds", "summable", "gather",
+ * terse_comm_topology), "codec-hier" (a codec's messages between hosts
+ * only: terse_comm_topology), "rounds", "summable", "gather",
  * "gather-pipe" (the all-gather, pipelined in pieces), "rs"
  * (the compressed reduce-scatter), "local" (one rank, dense), or "invalid"
  * for a NULL communicator. Thread-safe; no communication.

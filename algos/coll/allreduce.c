@@ -26,6 +26,11 @@
  *                         all-gather of the reduced segments
  *                         (rs_allreduce.c), when the codec can be cut and
  *                         want_rs says so.
+ *                       first, with several hosts of equal size (as for
+ *                       dense-hier, TERSE_COMPRESSED_ALGO auto) and a codec
+ *                       cut into local_size segments: the compressed
+ *                       hierarchical one, fp32 inside hosts and the codec
+ *                       between them (codec_hier_allreduce.c).
  *
  * algos/ knows no codec by id. Every choice depends only on what all ranks
  * share (n, the codec's spec, the rank count, TERSE_COMPRESSED_ALGO, agreed
@@ -91,7 +96,7 @@ static int want_rs(const terse_comm *c, const terse_codec *codec) {
     return (double)N * (double)M > 8.0 * (double)n;
 }
 
-typedef enum { RUN_ROUNDS, RUN_SUMMABLE, RUN_GATHER, RUN_PIPE, RUN_RS } run_kind;
+typedef enum { RUN_ROUNDS, RUN_SUMMABLE, RUN_GATHER, RUN_PIPE, RUN_RS, RUN_HIER } run_kind;
 
 static int pipe_fits(const terse_comm *c, const terse_codec *codec) {
     return terse__pipe_fits(c->nranks, terse__codec_fixed_size(codec));
@@ -112,7 +117,13 @@ static terse_status choose(terse_comm *c, terse_codec *codec, run_kind *kind,
     *kind = RUN_GATHER;
     uint64_t t0 = terse__now_ns();
     terse_status s = TERSE_OK;
-    if (want_rs(c, codec)) {
+    if (terse__codec_hier_wanted(c, codec)) {
+        const terse__segments *g = NULL;
+        s = terse__codec_segments(codec, terse__codec_hier_parts(c, codec),
+                                  (uint32_t)c->local_rank, &g);
+        if (s == TERSE_OK && g) *kind = RUN_HIER;
+    }
+    if (s == TERSE_OK && *kind == RUN_GATHER && want_rs(c, codec)) {
         const terse__segments *g = NULL;
         s = terse__codec_segments(codec, (uint32_t)c->nranks, (uint32_t)c->rank, &g);
         if (s == TERSE_OK && g) *kind = RUN_RS;
@@ -144,6 +155,7 @@ static terse_status run_codec(terse_comm *c, float *buf, size_t n, terse_codec *
     case RUN_ROUNDS: return terse__allreduce_rounds(c, buf, n, codec, op);
     case RUN_SUMMABLE: return terse__allreduce_summable(c, buf, n, codec, op);
     case RUN_RS: return terse__allreduce_rs(c, buf, n, codec, op);
+    case RUN_HIER: return terse__allreduce_codec_hier(c, buf, n, codec, op);
     default: return terse__allreduce_gather(c, buf, n, codec, op);
     }
 }
@@ -161,6 +173,7 @@ const char *terse_allreduce_algorithm(const terse_comm *c, const terse_codec *co
     default: break;
     }
     if (c->nranks == 1) return "gather";
+    if (terse__codec_hier_wanted(c, codec)) return "codec-hier";
     if (want_rs(c, codec) && terse__codec_can_cut(codec, (uint32_t)c->nranks)) return "rs";
     if (pipe_fits(c, codec) &&
         terse__codec_piece_count(codec, c->params.pipeline_bytes / sizeof(float)) > 1)

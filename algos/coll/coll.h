@@ -43,6 +43,20 @@ terse_status terse__allreduce_hier(terse_comm *c, float *buf, size_t n, int divi
 int terse__hier_fits(const terse_comm *c);
 int terse__hier_wanted(const terse_comm *c, size_t n);
 
+/* The compressed hierarchical one (codec_hier_allreduce.c): for codecs
+ * whose messages travel and whose tensor can be cut into local_size
+ * segments, where terse__hier_wanted holds for the codec's element count
+ * and TERSE_COMPRESSED_ALGO is auto: exact fp32 reduce-scatter inside the
+ * host, each segment's host sum encoded once by its owner and exchanged
+ * along its rail, fp32 all-gather inside the host. */
+int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec);
+/* How many segments it cuts the codec into: local_size, or local_size x T
+ * chunks for a fixed-size codec whose shards would exceed two ring chunks
+ * (pipelined). */
+uint32_t terse__codec_hier_parts(const terse_comm *c, const terse_codec *codec);
+terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, terse_codec *codec,
+                                         terse_op op);
+
 /* Buffers at most this many bytes take recursive doubling (TERSE_RD_MAX_BYTES). */
 static inline size_t terse__rd_max_bytes(const terse_comm *c) { return c->params.rd_max_bytes; }
 

@@ -229,9 +229,11 @@ class Comm(_Closing):
 
     def allreduce_algorithm(self, n, codec=None):
         """The algorithm allreduce runs for n floats with this codec (None:
-        dense): "dense-rd", "dense-ring", "rounds", "summable", "gather",
-        "gather-pipe" (the all-gather in pieces), "rs" (compressed
-        reduce-scatter) or "local" (one rank)."""
+        dense): "dense-rd", "dense-ring", "dense-hier" (hierarchical, several
+        hosts), "codec-hier" (a codec's messages between hosts only, fp32
+        inside them), "rounds", "summable", "gather", "gather-pipe" (the
+        all-gather in pieces), "rs" (compressed reduce-scatter) or "local"
+        (one rank)."""
         ch = self._codec(codec, int(n))
         return _lib.terse_allreduce_algorithm(self._handle(), ch, int(n)).decode()
 
