@@ -273,6 +273,10 @@ static int mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
     TR_CALL(o, terse_codec_create("int8:ef=1", ROWS, cols, &codec));
     float *y = calloc(n, sizeof(float));
     o->u[1] = strcmp(terse_allreduce_algorithm(c, codec, n), "codec-hier") == 0;
+    /* every rank past init: a rank that fails fast and leaves must not
+     * fail another's init */
+    tr_say_ready(o);
+    tr_wait_all_ready(c, o);
     o->u[0] = (uint64_t)terse_allreduce(c, y, n, codec, TERSE_OP_SUM);
     snprintf(o->err, sizeof o->err, "%s", terse_last_error());
     free(y);
