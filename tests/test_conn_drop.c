@@ -14,49 +14,59 @@
 #define N_FLOATS (1u << 20)
 
 /* u[0]: the first failing status (0: none); u[1]: calls that returned OK
- * with a wrong sum; u[2]: calls made; u[10]: this rank's endpoint port. */
+ * with a wrong sum; u[2]: calls made; u[10]: this rank's endpoint port.
+ * Rank 0 only: u[11] the dropper's pid, u[12] it ran ss, u[13] sockets ss
+ * aborted, u[14] set once they are aborted, u[15] calls made by then. */
+#define CALLS_BEFORE_DROP 3
+#define CALLS_AFTER_DROP 10
+
+/* The dropper (a child of rank 0): once rank 0 is in the middle of its
+ * calls, abort every socket of the two endpoints and count them. */
+static void dropper(tr_out *all) {
+    while (__atomic_load_n(&all[0].u[2], __ATOMIC_ACQUIRE) < CALLS_BEFORE_DROP &&
+           !__atomic_load_n(&all[0].u[0], __ATOMIC_ACQUIRE))
+        usleep(1000);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd,
+             "ss -K -H '( sport = :%llu or dport = :%llu or sport = :%llu or dport = :%llu )' "
+             "2>/dev/null",
+             (unsigned long long)all[0].u[10], (unsigned long long)all[0].u[10],
+             (unsigned long long)all[1].u[10], (unsigned long long)all[1].u[10]);
+    FILE *p = popen(cmd, "r");
+    if (!p) _exit(1);
+    char line[512];
+    uint64_t killed = 0;
+    while (fgets(line, sizeof line, p))
+        if (line[0] != '\n') killed++;
+    const int rc = pclose(p);
+    all[0].u[13] = killed;
+    __atomic_store_n(&all[0].u[15], __atomic_load_n(&all[0].u[2], __ATOMIC_ACQUIRE),
+                     __ATOMIC_RELEASE);
+    __atomic_store_n(&all[0].u[14], 1, __ATOMIC_RELEASE);
+    _exit(rc == 0 ? 0 : 1);
+}
+
 static int drop_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     const int r = terse_comm_rank(c);
     o->u[10] = (uint64_t)endpoint_port(c);
     if (!o->u[10]) return tr_fail(o, TERSE_ERR_INTERNAL, "endpoint_port");
     tr_out *all = o - r; /* every rank's outputs: one shared mapping */
-    TR_CALL(o, terse_barrier(c)); /* both ports are published */
+    TR_CALL(o, terse_barrier(c)); /* both ports are published, both connected */
     if (r == 0) {
         fflush(NULL);
         pid_t k = fork();
-        if (k == 0) { /* 300 ms in, abort every socket of the two endpoints */
-            usleep(300 * 1000);
-            char cmd[256];
-            snprintf(cmd, sizeof cmd,
-                     "ss -K '( sport = :%llu or dport = :%llu or sport = :%llu or dport = "
-                     ":%llu )' >/dev/null 2>&1",
-                     (unsigned long long)all[0].u[10], (unsigned long long)all[0].u[10],
-                     (unsigned long long)all[1].u[10], (unsigned long long)all[1].u[10]);
-            _exit(system(cmd) == 0 ? 0 : 1);
-        }
+        if (k == 0) dropper(all);
         o->u[11] = (uint64_t)k;
     }
+    /* Both ranks make the same calls: rank 0's request to stop travels in
+     * the data, once the drop is done and CALLS_AFTER_DROP calls followed. */
     float *x = malloc(N_FLOATS * sizeof(float));
-    double end = tr_now_ms() + 4000;
-    for (int k = 0; tr_now_ms() < end; k++) {
-        for (size_t i = 0; i < N_FLOATS; i += 4096) x[i] = (float)(r + k);
-        for (size_t i = 0; i < N_FLOATS; i++)
-            if (i % 4096) x[i] = 1.0f;
-        terse_status s = terse_allreduce(c, x, N_FLOATS, NULL, TERSE_OP_SUM);
-        o->u[2]++;
-        if (s != TERSE_OK) {
-            o->u[0] = (uint64_t)s;
-            snprintf(o->err, sizeof o->err, "%s", terse_last_error());
-            break;
-        }
-        for (size_t i = 0; i < N_FLOATS; i++) {
-            float want = i % 4096 ? 2.0f : (float)(2 * k + 1);
-            if (x[i] != want) {
-                o->u[1]++;
-                break;
-            }
-        }
+    for (int k = 0;; k++) {
+        int stop = 0;
+        if (r == 0 && __atomic_load_n(&o->u[14], __ATOMIC_ACQUIRE))
+            stop = o->u[2] >= o->u[15] + CALLS_AFTER_DROP;
+        if (tr_pattern_allreduce(c, o, x, N_FLOATS, k, stop) != 0) break;
     }
     free(x);
     if (r == 0) {
@@ -73,10 +83,14 @@ Test(conn_drop, a_dropped_data_connection_gives_right_sums_or_a_named_error_tcp)
     tr_job job = {"tcp", 2, 3000, 30, -1};
     tr_out *o = tr_run(&job, drop_body, NULL);
     cr_assert_eq(o[0].u[12], 1, "ss -K did not run");
-    /* libfabric 1.17's rxm does not reconnect: the drop must show. (A
-     * provider that reconnects transparently would need only the sums.) */
-    cr_expect(o[0].u[0] != TERSE_OK || o[1].u[0] != TERSE_OK,
-              "no rank saw the dropped connection: the test dropped nothing");
+    /* The drop happened: ss aborted the ranks' sockets mid-job. Whether a
+     * rank sees it depends on what was in flight: libfabric's net provider
+     * connects again on the next send, so a drop between two messages is
+     * absorbed (then every later call must still give the right sum). */
+    cr_expect_gt(o[0].u[13], 0, "ss -K aborted no socket of the two ranks: the test dropped "
+                 "nothing");
+    cr_log_info("ss -K aborted %llu sockets after %llu calls",
+                (unsigned long long)o[0].u[13], (unsigned long long)o[0].u[15]);
     for (int r = 0; r < 2; r++) {
         cr_expect_eq(o[r].u[1], 0, "rank %d: %llu calls returned TERSE_OK with a wrong sum", r,
                      (unsigned long long)o[r].u[1]);
