@@ -24,19 +24,8 @@ iters=${4:-5}
 rate=${5:-}
 L=${6:-2}
 NR=$((2 * L))
-skip() {
-    echo "SKIP: $*"
-    exit 77
-}
-[[ $(id -u) == 0 ]] || skip "creating network namespaces needs root"
-command -v ip >/dev/null 2>&1 || skip "'ip' (iproute2) is not installed"
-probe="trh-probe-$$"
-ip netns add "$probe" 2>/dev/null || skip "the kernel refuses network namespaces"
-if ! ip -n "$probe" link add tp0 type veth peer name tp1 2>/dev/null; then
-    ip netns del "$probe"
-    skip "the kernel refuses veth pairs"
-fi
-ip netns del "$probe"
+. "$(dirname "$0")/netns_probe.sh"
+netns_probe "creating network namespaces"
 
 out=$(mktemp)
 err=$(mktemp)

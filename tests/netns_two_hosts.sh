@@ -16,20 +16,8 @@ set -u
 
 tr=${1:?usage: netns_two_hosts.sh path/to/terse-run path/to/allreduce_check}
 check=${2:?usage: netns_two_hosts.sh path/to/terse-run path/to/allreduce_check}
-skip() {
-    echo "SKIP: $*"
-    exit 77
-}
-
-[[ $(id -u) == 0 ]] || skip "creating network namespaces needs root"
-command -v ip >/dev/null 2>&1 || skip "'ip' (iproute2) is not installed"
-probe="trh-probe-$$"
-ip netns add "$probe" 2>/dev/null || skip "the kernel refuses network namespaces (ip netns add failed)"
-if ! ip -n "$probe" link add tp0 type veth peer name tp1 2>/dev/null; then
-    ip netns del "$probe"
-    skip "the kernel refuses veth pairs (ip link add type veth failed)"
-fi
-ip netns del "$probe"
+. "$(dirname "$0")/netns_probe.sh"
+netns_probe "creating network namespaces"
 
 out=$(mktemp)
 err=$(mktemp)

@@ -16,19 +16,8 @@ set -uo pipefail
 TR=${1:?usage: terse_run_hosts.sh terse-run allreduce_check allreduce_time}
 CHECK=${2:?usage}
 TIME=${3:?usage}
-skip() {
-    echo "SKIP: $*"
-    exit 77
-}
-[[ $(id -u) == 0 ]] || skip "terse-run --hosts needs root"
-command -v ip >/dev/null 2>&1 || skip "'ip' (iproute2) is not installed"
-probe="trh-probe-$$"
-ip netns add "$probe" 2>/dev/null || skip "the kernel refuses network namespaces"
-if ! ip -n "$probe" link add tp0 type veth peer name tp1 2>/dev/null; then
-    ip netns del "$probe"
-    skip "the kernel refuses veth pairs"
-fi
-ip netns del "$probe"
+. "$(dirname "$0")/netns_probe.sh"
+netns_probe "terse-run --hosts"
 
 unset TERSE_PROVIDER TERSE_TIMEOUT_MS TERSE_TOPOLOGY TERSE_HOST
 work=$(mktemp -d)

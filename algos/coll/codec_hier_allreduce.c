@@ -51,13 +51,6 @@
 #include "common/error.h"
 #include "compress/aggregate.h"
 
-/* The rank on host h with local rank l (hosts of equal size). */
-static int rank_at(const terse_comm *c, int h, int l) {
-    for (int r = 0, seen = 0; r < c->nranks; r++)
-        if (c->host_of[r] == h && seen++ == l) return r;
-    return -1;
-}
-
 int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec) {
     if (c->params.compressed_algo != 0) return 0; /* gather or rs asked for: flat */
     if (!terse__hier_wanted(c, terse_codec_elements(codec))) return 0;
@@ -103,8 +96,7 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
     if (!tmp || !msg || !hdr) return TERSE_ERR_NOMEM;
     uint64_t *hello = hdr + 2 * (size_t)H; /* L digests */
     int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
-    for (int j = 0; j < L; j++) local[j] = j == l ? c->rank : rank_at(c, h, j);
-    for (int q = 0; q < H; q++) rail[q] = q == h ? c->rank : rank_at(c, q, l);
+    terse__hier_peers(c, local, rail);
     const uint64_t digest = terse__codec_cut_digest(codec);
     const size_t moff = g->off[l], mlen = g->len[l];
     float *mine = buf + moff;
@@ -254,8 +246,7 @@ static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, ter
     uint64_t *hello = terse__comm_scratch(c, 2, ((size_t)L + (size_t)H) * sizeof(uint64_t));
     if (!tmp || !msg || !hello) return TERSE_ERR_NOMEM;
     int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
-    for (int j = 0; j < L; j++) local[j] = j == l ? c->rank : rank_at(c, h, j);
-    for (int q = 0; q < H; q++) rail[q] = q == h ? c->rank : rank_at(c, q, l);
+    terse__hier_peers(c, local, rail);
     const uint64_t digest = terse__codec_cut_digest(codec);
     const float alpha = op == TERSE_OP_AVG ? 1.0f / (float)c->nranks : 1.0f;
 #define SEG(t, j) ((size_t)(t) * (size_t)L + (size_t)(j))

@@ -42,6 +42,9 @@ terse_status terse__allreduce_rd(terse_comm *c, float *buf, size_t n, int divide
 terse_status terse__allreduce_hier(terse_comm *c, float *buf, size_t n, int divide);
 int terse__hier_fits(const terse_comm *c);
 int terse__hier_wanted(const terse_comm *c, size_t n);
+/* local[j]: the rank of local rank j on this host; rail[g]: the rank of
+ * this local rank on host g (this rank itself at its own slots). */
+void terse__hier_peers(const terse_comm *c, int *local, int *rail);
 
 /* The compressed hierarchical one (codec_hier_allreduce.c): for codecs
  * whose messages travel and whose tensor can be cut into local_size

@@ -39,6 +39,13 @@ static int rank_at(const terse_comm *c, int h, int l) {
     return -1;
 }
 
+void terse__hier_peers(const terse_comm *c, int *local, int *rail) {
+    for (int j = 0; j < c->local_size; j++)
+        local[j] = j == c->local_rank ? c->rank : rank_at(c, c->host_index, j);
+    for (int g = 0; g < c->nhosts; g++)
+        rail[g] = g == c->host_index ? c->rank : rank_at(c, g, c->local_rank);
+}
+
 int terse__hier_fits(const terse_comm *c) {
     if (c->params.topology == 1 || c->nhosts < 2 || !c->uniform_hosts || c->local_size < 2 ||
         !c->host_of)
@@ -89,8 +96,7 @@ terse_status terse__allreduce_hier(terse_comm *c, float *buf, size_t n, int divi
     if (!tmp_a) return TERSE_ERR_NOMEM;
     float *tmp_b = tmp_a + (size_t)L * stride;
     int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
-    for (int j = 0; j < L; j++) local[j] = j == l ? c->rank : rank_at(c, h, j);
-    for (int g = 0; g < H; g++) rail[g] = g == h ? c->rank : rank_at(c, g, l);
+    terse__hier_peers(c, local, rail);
     const float divisor = (float)c->nranks;
 
     for (size_t t = 0; t < y.nseg + 2; t++) {
