@@ -101,6 +101,43 @@ Test(store, a_colocated_worker_that_gave_up_is_told_per_generation) {
     run(&j, 20000);
     expect_all_zero(&j);
 }
+/* Colocated endpoints that closed after a clean run (bits 1 and 2 of
+ * terse__store_copy_wgone): rank 1 closes its server endpoint of pair 3,
+ * then its worker endpoint; rank 2's worker of pair 3 gives up, then its
+ * worker endpoint closes. Rank 0 reads each state, only for pair 3; the
+ * growing values are accepted (nobody dropped). */
+static int closed_rank(job *j, int idx) {
+    terse__store *s = NULL;
+    int rc = open_rank(j, idx, &s);
+    if (rc) return rc;
+    uint8_t all[8], out[3];
+    REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
+    static const uint8_t want[2][3] = {{0, 2, 1}, {0, 6, 5}};
+    for (int phase = 0; phase < 2; phase++) {
+        if (idx == 1) REQUIRE_OK(terse__store_tell_endpoint_closed(s, 3, phase));
+        if (idx == 2 && phase == 0) REQUIRE_OK(terse__store_tell_worker_gone(s, 3));
+        if (idx == 2 && phase == 1) REQUIRE_OK(terse__store_tell_endpoint_closed(s, 3, 1));
+        REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
+        for (uint32_t ask = 2; idx == 0 && ask <= 4; ask++) {
+            REQUIRE_OK(terse__store_copy_wgone(s, ask, out));
+            for (int r = 0; r < j->nranks; r++)
+                REQUIRE(out[r] == (ask == 3 ? want[phase][r] : 0), 20,
+                        "phase %d: rank 0 reads %d for rank %d's pair %u", phase, out[r], r,
+                        ask);
+        }
+        REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
+    }
+    REQUIRE_OK(terse__store_check(s)); /* nobody lost, nobody dropped */
+    terse__store_close(s);
+    return 0;
+}
+
+Test(store, colocated_endpoints_closed_are_told_per_side_and_generation) {
+    job j = {.nranks = 3, .nprocs = 3};
+    for (int i = 0; i < 3; i++) j.fn[i] = closed_rank;
+    run(&j, 20000);
+    expect_all_zero(&j);
+}
 Test(store, four_ranks_exchange_through_allgather_and_keys) { run_exchange(4); }
 
 /* ---- authentication ---- */

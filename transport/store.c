@@ -35,8 +35,10 @@ struct terse__store {
     int lost_rank;     /* first rank the server reported lost, or -1 */
     uint8_t *lost_map; /* every rank the server reported lost (nranks) */
     uint8_t *gone_map; /* every rank reported lost or left with a goodbye (nranks) */
-    uint32_t *wgone_gen; /* per rank: the last colocated pair whose worker gave up (WGONE) */
-    uint32_t told_wgone; /* the last generation this rank sent a WGONE for */
+    uint32_t *wgone_gen; /* per rank: the last colocated pair whose worker gave up (WGONE),
+                            then (nranks on) the last WGONE that closed endpoints: 4 gen +
+                            mask */
+    uint32_t told_wgone; /* the last WGONE value this rank sent (4 gen + mask) */
     int gone;          /* the connection to the server has ended */
     int rejoin;        /* joined as a lost rank's replacement: losses are
                           recorded, never sticky (the job it joins has some) */
@@ -82,8 +84,10 @@ static int take_notice(terse__store *s, uint8_t type, const uint8_t *b, size_t l
         return 1;
     }
     if (type == TERSE__STORE_WGONE && len == 8) {
-        uint32_t r = terse__get_u32(b), gen = terse__get_u32(b + 4);
-        if (r < (uint32_t)s->nranks && gen > s->wgone_gen[r]) s->wgone_gen[r] = gen;
+        uint32_t r = terse__get_u32(b), v = terse__get_u32(b + 4);
+        if (r >= (uint32_t)s->nranks) return 1;
+        if (!(v & 3) && v >> 2 > s->wgone_gen[r]) s->wgone_gen[r] = v >> 2;
+        if ((v & 3) && v > s->wgone_gen[s->nranks + r]) s->wgone_gen[s->nranks + r] = v;
         return 1;
     }
     if (type == TERSE__STORE_FAILED && len >= 8 && len <= 8 + TERSE__STORE_MAX_FAILED) {
@@ -382,7 +386,7 @@ terse_status terse__store_open_ex(const char *addr, int rank, int nranks, const 
     s->rejoin = rejoin;
     s->lost_map = calloc((size_t)(nranks > 0 ? nranks : 1), 1);
     s->gone_map = calloc((size_t)(nranks > 0 ? nranks : 1), 1);
-    s->wgone_gen = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof *s->wgone_gen);
+    s->wgone_gen = calloc(2 * (size_t)(nranks > 0 ? nranks : 1), sizeof *s->wgone_gen);
     s->incarnation = calloc((size_t)(nranks > 0 ? nranks : 1), sizeof *s->incarnation);
     if (!s->lost_map || !s->gone_map || !s->wgone_gen || !s->incarnation) {
         free(s->lost_map);
@@ -657,12 +661,19 @@ static terse_status impl_tell_failed(terse__store *s, terse_status status, const
                       terse__store_now_ms() + budget);
 }
 
-static terse_status impl_tell_wgone(terse__store *s, uint32_t gen) {
-    if (!s || forked(s) || s->gone || gen <= s->told_wgone) return TERSE_OK; /* nobody to tell */
+/* WGONE carries 4 gen + mask: mask 0, the worker of pair gen gave up;
+ * else the endpoints of pair gen closed so far (1: the server's, 2: the
+ * worker's; each close adds its bit, so the values a rank sends only
+ * grow, as the server requires). */
+static terse_status impl_tell_wgone(terse__store *s, uint32_t gen, uint32_t mask) {
+    if (!s || forked(s) || s->gone || gen > UINT32_MAX / 4) return TERSE_OK; /* nobody to tell */
+    if (mask && s->told_wgone >> 2 == gen) mask |= s->told_wgone & 3;
+    const uint32_t v = 4 * gen + mask;
+    if (v <= s->told_wgone) return TERSE_OK; /* told already */
     uint64_t budget = (uint64_t)(s->timeout_ms < 1000 ? s->timeout_ms : 1000);
     uint8_t g[4];
-    terse__put_u32(g, gen);
-    s->told_wgone = gen;
+    terse__put_u32(g, v);
+    s->told_wgone = v;
     return send_frame(s, TERSE__STORE_WGONE, g, 4, NULL, 0, NULL, 0,
                       terse__store_now_ms() + budget);
 }
@@ -773,14 +784,24 @@ void terse__store_mark_lost(terse__store *s, int rank) {
 }
 terse_status terse__store_tell_worker_gone(terse__store *s, uint32_t gen) {
     int h = lock_store(s);
-    terse_status r = impl_tell_wgone(s, gen);
+    terse_status r = impl_tell_wgone(s, gen, 0);
+    unlock_store(h);
+    return r;
+}
+terse_status terse__store_tell_endpoint_closed(terse__store *s, uint32_t gen, int worker) {
+    int h = lock_store(s);
+    terse_status r = impl_tell_wgone(s, gen, worker ? 2u : 1u);
     unlock_store(h);
     return r;
 }
 terse_status terse__store_copy_wgone(terse__store *s, uint32_t gen, uint8_t *out) {
     int h = lock_store(s);
     terse_status r = poll_notices(s);
-    for (int i = 0; s && i < s->nranks; i++) out[i] = s->wgone_gen[i] == gen;
+    for (int i = 0; s && i < s->nranks; i++) {
+        const uint32_t closed = s->wgone_gen[s->nranks + i];
+        out[i] = (uint8_t)((s->wgone_gen[i] == gen ? 1u : 0u) |
+                           (closed >> 2 == gen ? (closed & 3u) << 1 : 0u));
+    }
     unlock_store(h);
     return r;
 }

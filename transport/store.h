@@ -109,6 +109,14 @@ terse_status terse__store_check(void *store);
  * bytes) for the ranks that announced generation `gen`, after taking in
  * the notices that have arrived. */
 terse_status terse__store_tell_worker_gone(terse__store *s, uint32_t gen);
+/* The same pair's endpoint (the worker's if worker, else the server's)
+ * closed after a clean run: it reads nothing more, so a peer endpoint's
+ * flush before its own close stops waiting for it (a colocated endpoint
+ * has no goodbye of its own: its store is its rank's). */
+terse_status terse__store_tell_endpoint_closed(terse__store *s, uint32_t gen, int worker);
+/* out[r]: bit 0, rank r's worker of pair gen gave up; bit 1, its server
+ * endpoint closed; bit 2, its worker endpoint closed. Notices from one
+ * rank arrive in the order it sent them. */
 terse_status terse__store_copy_wgone(terse__store *s, uint32_t gen, uint8_t *out);
 
 /* Tell every other rank, through the server, that this rank's collective

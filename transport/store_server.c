@@ -53,7 +53,7 @@ typedef struct conn {
     int authed, rank, said_bye;
     int rejoined, announced; /* a replacement; it sent its BACK */
     int failed; /* it sent a FAILED notice (relayed); its leaving is no news */
-    uint32_t wgone_gen; /* the last WGONE generation it sent (relayed), 0: none */
+    uint32_t wgone_gen; /* the last WGONE value it sent (relayed; 4 gen + mask), 0: none */
     int loud; /* its drop is always logged (a failed authentication, a refusal) */
     uint64_t hs_deadline;
     uint8_t snonce[TERSE__STORE_NONCE];
@@ -395,8 +395,9 @@ static void handle_failed(terse__store_server *s, size_t slot, const uint8_t *b,
             queue(s, i, TERSE__STORE_FAILED, hdr, sizeof hdr, text, len);
 }
 
-/* A rank's colocated worker gave up unfinished: relay its rank to every
- * other rank, once per connection. */
+/* A rank's colocated worker gave up unfinished, or its colocated
+ * endpoints closed (4 gen + mask, store.c): relay it to every other rank;
+ * the values one connection sends only grow. */
 static void handle_wgone(terse__store_server *s, size_t slot, const uint8_t *b, size_t n) {
     conn *c = &s->c[slot];
     uint32_t gen = n == 4 ? terse__get_u32(b) : 0;
@@ -406,8 +407,9 @@ static void handle_wgone(terse__store_server *s, size_t slot, const uint8_t *b, 
         return;
     }
     c->wgone_gen = gen;
-    slog(s, "rank %d (%s): the worker of its colocated parameter server #%u failed and stopped; "
-            "telling the other ranks", c->rank, c->peer, gen);
+    if (!(gen & 3)) /* a clean close is not news worth a line */
+        slog(s, "rank %d (%s): the worker of its colocated parameter server #%u failed and "
+                "stopped; telling the other ranks", c->rank, c->peer, gen >> 2);
     uint8_t hdr[8];
     terse__put_u32(hdr, (uint32_t)c->rank);
     terse__put_u32(hdr + 4, gen);

@@ -386,8 +386,10 @@ void terse__comm_leave(terse_comm *c) {
      * leave without one, so that ranks still waiting on us are told at
      * once that we are gone instead of running into their timeout. */
     close_fabric(c);
-    if (c->parent) /* the store is its parent's */
-        ;
+    if (c->parent) { /* the store is its parent's: tell the peers' flushes */
+        if (!c->failed && c->store)
+            (void)terse__store_tell_endpoint_closed(c->store, c->vgen, c->rank >= c->vreal);
+    }
     else if (c->failed)
         terse__store_abandon(c->store);
     else

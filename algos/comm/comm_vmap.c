@@ -17,9 +17,16 @@ static terse_status map_virtual(terse_comm *c, int gone, const uint8_t **map) {
     for (int v = 0; v < 2 * N; v++) c->vmap[v] = real[v % N];
     /* A rank whose worker failed and gave up (terse__store_tell_worker_gone)
      * is lost as a worker (N + r), not as a server (r): its endpoint reads
-     * nothing more, so it is gone for the close's flush too. */
+     * nothing more, so it is gone for the close's flush too. An endpoint
+     * closed after a clean run (terse__store_tell_endpoint_closed) is gone. */
     terse_status w = terse__store_copy_wgone(c->store, c->vgen, wgone);
-    for (int r = 0; r < N; r++) c->vmap[N + r] |= wgone[r];
+    for (int r = 0; r < N; r++) {
+        c->vmap[N + r] |= wgone[r] & 1;
+        if (gone) { /* endpoints closed after a clean run: gone, not lost */
+            c->vmap[r] |= (wgone[r] >> 1) & 1;
+            c->vmap[N + r] |= (wgone[r] >> 2) & 1;
+        }
+    }
     *map = c->vmap;
     return s != TERSE_OK ? s : w;
 }
