@@ -92,6 +92,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--provider", default="tcp", help="terse provider (default tcp)")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--test-limit", type=int, default=0,
+                   help="evaluate on the first N test images only (default: all 10,000)")
     p.add_argument("--json", help="write every result here")
     p.add_argument("--plot", help="draw test accuracy against training seconds into this PNG "
                    "(needs gnuplot)")
@@ -107,6 +109,8 @@ def parse_args(argv):
             p.error("unknown configuration %r (known: %s)" % (c, ", ".join(CONFIGS)))
     if a.steps < 3 or a.batch < 1 or a.eval_every < 1:
         p.error("--steps must be >= 3, --batch and --eval-every >= 1")
+    if a.test_limit < 0:
+        p.error("--test-limit must be >= 0 (0: every test image)")
     if a.max_steps == 0:
         a.max_steps = 2 * a.steps
     if a.max_steps < a.steps:
@@ -149,6 +153,8 @@ def worker(a, config, out):
     rank, world = dist.get_rank(), dist.get_world_size()
     xtr, ytr = base.load_split(a.data, "train")
     xte, yte = base.load_split(a.data, "t10k")
+    if a.test_limit:
+        xte, yte = xte[:a.test_limit], yte[:a.test_limit]
     shard = len(xtr) // world
     xtr = torch.from_numpy(xtr[rank * shard:(rank + 1) * shard].astype(np.float32) / 255.0)
     ytr = torch.from_numpy(ytr[rank * shard:(rank + 1) * shard].astype(np.int64))
