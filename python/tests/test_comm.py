@@ -41,7 +41,8 @@ def test_killed_peer_raises_within_the_timeout(ranks, provider):
     assert rk.rcs[0] == 0, rk.logs()
     assert res[0]["status"] in ("TERSE_ERR_PEER_LOST", "TERSE_ERR_TIMEOUT"), res[0]
     assert "rank 1" in res[0]["detail"]
-    assert res[0]["seconds"] < 3.0 + 2.0
+    # far below the 60 s default, with room for a machine the suite loads
+    assert res[0]["seconds"] < 3.0 + 7.0
 
 
 def one_rank():

@@ -57,7 +57,7 @@ def test_bad_spec_raises_instead_of_hanging(ranks):
         assert r["construct"][0] == "TERSE_ERR_INVALID" and "bogus" in r["construct"][1]
         assert r["register"][0] == "TERSE_ERR_INVALID" and "out of range" in r["register"][1]
         assert r["backward"] == "RuntimeError"
-        assert r["seconds"] < 8
+        assert r["seconds"] < 9  # the timeout is 10 s: it raised, it did not wait
     assert res[1]["error"] == "TERSE_ERR_INVALID" and "k=1000000" in res[1]["backward_msg"]
     # the rank whose spec was fine learns that its peer gave up
     assert res[0]["error"] in ("TERSE_ERR_PEER_LOST", "TERSE_ERR_TIMEOUT")
@@ -70,9 +70,10 @@ def test_killed_peer_raises_from_backward_within_the_timeout(ranks):
     assert r["backward"] == "RuntimeError"
     assert r["error"] in ("TERSE_ERR_PEER_LOST", "TERSE_ERR_TIMEOUT")
     assert "rank 1" in r["backward_msg"]
-    assert r["seconds"] < 3.0 + 2.0
-    # and every later iteration fails at once
-    assert r["error"] in r["again"] and r["again_seconds"] < 1.0
+    # far below the 60 s default, with room for a machine the suite loads
+    assert r["seconds"] < 3.0 + 7.0
+    # and every later iteration fails at once: well within one 3 s timeout
+    assert r["error"] in r["again"] and r["again_seconds"] < 2.5
 
 
 def test_state_dict_round_trips(ranks):
