@@ -8,7 +8,9 @@
  * 2-core CI machine (the survivor's fi_trecv -> rxm, posting the next
  * chunk's receive), in test_engine's abort test, test_comm_failure's and
  * test_fabric's kill tests, and tsan_engine's tcp teardown (1 run in 12
- * of `tsan_engine tcp 3 free` here, 2026-12-03). */
+ * of `tsan_engine tcp 3 free` here, 2026-12-03), and in test_comm_failure's
+ * mismatch test under TR_TCP_AS=rxm with a CPU hog per core (a rank that
+ * found the mismatch left; 1 run in 2 of tests/under_load.sh, 2026-12-07). */
 #define TR_RXM_TEARDOWN_SEGV                                                                   \
     "libfabric 1.17's rxm crashes inside fi_trecv when a new receive matches a large message " \
     "queued from a peer whose connection it tore down (SECURITY.md)"

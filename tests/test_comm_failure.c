@@ -140,8 +140,14 @@ static int mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
 
 static void check_mismatch(const char *prov, const mismatch_case *m) {
     tr_job job = {prov, 4, 60000, 90, -1};
+    /* a rank that found the mismatch leaves without a goodbye; under
+     * TR_TCP_AS=rxm a peer with a large message of it queued can then
+     * crash inside rxm (seen once under a CPU hog per core, 2026-12-07) */
+    if (!strcmp(prov, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
     tr_out *o = tr_run(&job, mismatch_body, m);
+    tr_known_segv = NULL;
     for (int r = 0; r < 4; r++) {
+        if (!o[r].finished) continue; /* the known crash (rxm only): tr_run warned */
         /* a broadcast's root (in its own view) only sends: it may be done
          * before anyone finds the disagreement, its buffer untouched */
         if (m->what == 2 && r == 0 && o[r].u[0] == TERSE_OK) continue;
