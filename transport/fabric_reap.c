@@ -59,6 +59,7 @@
 #include <unistd.h>
 
 #include "transport/fabric_impl.h"
+#include "transport/store_wire.h"
 
 #define SCAN_NS 500000000u        /* a scan every 0.5 s */
 #define SCAN_HOT_NS 100000000u    /* every 0.1 s while strangers are about */
@@ -235,6 +236,7 @@ static void scan(terse__fabric *f, uint64_t now) {
     rewinddir(r->dir);
     size_t nfds = 0, n = 0;
     struct dirent *e;
+    terse__store_fds_lock(); /* the store's thread opens and closes none meanwhile */
     while ((e = readdir(r->dir)) != NULL) {
         if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
         nfds++;
@@ -258,6 +260,7 @@ static void scan(terse__fabric *f, uint64_t now) {
         }
         n++;
     }
+    terse__store_fds_unlock();
     note_limit(f, nfds);
     shut_silent(r, r->next, n, now);
     reap_seen *t = r->seen;

@@ -178,6 +178,9 @@ void terse__store_keep_spare(void) {
     reg_release();
 }
 
+void terse__store_fds_lock(void) { reg_acquire(); }
+void terse__store_fds_unlock(void) { reg_release(); }
+
 void terse__store_close_fd(int fd) {
     if (fd < 0) return;
     reg_acquire();

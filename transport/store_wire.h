@@ -214,6 +214,12 @@ int terse__store_refuse(int listen_fd);
 void terse__store_keep_spare(void);
 /* Forget and close fd (< 0: nothing). */
 void terse__store_close_fd(int fd);
+/* Hold the store's descriptor registry: no store descriptor is opened or
+ * closed meanwhile (the fabric's reaper holds it while it looks at the
+ * process's descriptors, so that a number it checked is not closed and
+ * reused by the store's thread before it acts on it). Short holds only. */
+void terse__store_fds_lock(void);
+void terse__store_fds_unlock(void);
 /* Changes in every child forked from this process: an object that recorded
  * another value was inherited across fork() and its fds are gone. */
 unsigned terse__store_fork_gen(void);
