@@ -15,17 +15,7 @@
  * exists before the baseline), then sends by hand (ps.h's tags, the
  * transport's sends), never waiting for an answer. */
 #include "ps_jobs.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
+#include "sanitizer.h"
 
 #define WN ((size_t)1 << 16) /* floats: 256 KiB, 4 partitions of 64 KiB */
 #define WPART ((size_t)64 << 10)

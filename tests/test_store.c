@@ -56,87 +56,102 @@ static void run_exchange(int n) {
 
 Test(store, two_ranks_exchange_through_allgather_and_keys) { run_exchange(2); }
 
-/* ---- a colocated worker that gave up (WGONE) ---- */
+/* ---- colocated notices (WGONE): a worker that gave up, an endpoint that
+ * closed ---- */
 
-/* Rank 1 says its worker of colocated pair 1 gave up (twice: the second is
- * no news and not sent), then of pair 2. Every other rank sees rank 1, and
- * only rank 1, for the generation it named and not for another; nobody is
- * lost or dropped for it. The allgathers order the notices: rank 1's
- * notice reaches the server before its contribution, and the server's
- * relay reaches the others before the allgather's answer. */
-static int wgone_rank(job *j, int idx) {
+/* What a colocated pair's notice says, and one scenario of notices: in each
+ * phase the listed ranks tell, an allgather orders the notices (a rank's
+ * notice reaches the server before its contribution, the server's relay
+ * reaches the others before the allgather's answer), the readers copy the
+ * generations ask_lo..ask_hi and compare with want, and a last allgather
+ * keeps the next phase's notices until everyone looked (a rank keeps the
+ * latest generation per rank). Every rank joined before the first notice:
+ * the server relays a notice to the ranks connected when it comes (a
+ * colocated pair exists only after init). Nobody is lost or dropped. */
+enum { GAVE_UP, SERVER_CLOSED, WORKER_CLOSED };
+typedef struct {
+    int phases;
+    struct {
+        int rank, what;
+        uint32_t gen;
+    } tell[2][4];
+    unsigned readers; /* bit r: rank r reads */
+    uint32_t ask_lo, ask_hi;
+    uint8_t want[2][5][3]; /* [phase][generation asked][rank] */
+} notice_case;
+
+static const notice_case *the_case; /* set before run() forks the ranks */
+
+static int noticing_rank(job *j, int idx) {
+    const notice_case *c = the_case;
     terse__store *s = NULL;
     int rc = open_rank(j, idx, &s);
     if (rc) return rc;
     uint8_t all[8], out[3];
-    /* every rank joined first: the server relays a notice to the ranks
-     * connected when it comes (a colocated pair exists only after init) */
     REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
-    for (uint32_t gen = 1; gen <= 2; gen++) {
-        if (idx == 1) {
-            REQUIRE_OK(terse__store_tell_worker_gone(s, gen));
-            REQUIRE_OK(terse__store_tell_worker_gone(s, gen)); /* no news: not sent */
+    for (int ph = 0; ph < c->phases; ph++) {
+        for (int k = 0; k < 4 && c->tell[ph][k].gen; k++) {
+            if (c->tell[ph][k].rank != idx) continue;
+            uint32_t gen = c->tell[ph][k].gen;
+            int what = c->tell[ph][k].what;
+            REQUIRE_OK(what == GAVE_UP
+                           ? terse__store_tell_worker_gone(s, gen)
+                           : terse__store_tell_endpoint_closed(s, gen, what == WORKER_CLOSED));
         }
         REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
-        for (uint32_t ask = 1; idx != 1 && ask <= 3; ask++) {
+        for (uint32_t ask = c->ask_lo; (c->readers >> idx & 1) && ask <= c->ask_hi; ask++) {
             REQUIRE_OK(terse__store_copy_wgone(s, ask, out));
             for (int r = 0; r < j->nranks; r++)
-                REQUIRE(out[r] == (r == 1 && ask == gen), 20,
-                        "after rank 1's WGONE %u: rank %d reads %d for generation %u", gen, r,
-                        out[r], ask);
+                REQUIRE(out[r] == c->want[ph][ask][r], 20,
+                        "phase %d: rank %d reads %d for rank %d's pair %u, not %d", ph, idx,
+                        out[r], r, ask, c->want[ph][ask][r]);
         }
-        /* and rank 1 names the next generation only once everyone looked
-         * (a rank keeps the latest generation per rank) */
         REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
     }
-    REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
     REQUIRE_OK(terse__store_check(s)); /* nobody lost, nobody dropped */
     terse__store_close(s);
     return 0;
 }
 
-Test(store, a_colocated_worker_that_gave_up_is_told_per_generation) {
+static void run_notices(const notice_case *c) {
+    the_case = c;
     job j = {.nranks = 3, .nprocs = 3};
-    for (int i = 0; i < 3; i++) j.fn[i] = wgone_rank;
+    for (int i = 0; i < 3; i++) j.fn[i] = noticing_rank;
     run(&j, 20000);
     expect_all_zero(&j);
 }
-/* Colocated endpoints that closed after a clean run (bits 1 and 2 of
+
+/* Rank 1 says its worker of pair 1 gave up (twice: the second is no news
+ * and not sent), then of pair 2. Ranks 0 and 2 see rank 1, and only rank
+ * 1, for the generation it named and not for another (bit 1: gave up). */
+Test(store, a_colocated_worker_that_gave_up_is_told_per_generation) {
+    static const notice_case c = {
+        .phases = 2,
+        .tell = {{{1, GAVE_UP, 1}, {1, GAVE_UP, 1}}, {{1, GAVE_UP, 2}, {1, GAVE_UP, 2}}},
+        .readers = 1u | 4u,
+        .ask_lo = 1,
+        .ask_hi = 3,
+        .want = {{[1] = {0, 1, 0}}, {[2] = {0, 1, 0}}},
+    };
+    run_notices(&c);
+}
+
+/* Colocated endpoints that closed after a clean run (bits 2 and 4 of
  * terse__store_copy_wgone): rank 1 closes its server endpoint of pair 3,
  * then its worker endpoint; rank 2's worker of pair 3 gives up, then its
  * worker endpoint closes. Rank 0 reads each state, only for pair 3; the
- * growing values are accepted (nobody dropped). */
-static int closed_rank(job *j, int idx) {
-    terse__store *s = NULL;
-    int rc = open_rank(j, idx, &s);
-    if (rc) return rc;
-    uint8_t all[8], out[3];
-    REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
-    static const uint8_t want[2][3] = {{0, 2, 1}, {0, 6, 5}};
-    for (int phase = 0; phase < 2; phase++) {
-        if (idx == 1) REQUIRE_OK(terse__store_tell_endpoint_closed(s, 3, phase));
-        if (idx == 2 && phase == 0) REQUIRE_OK(terse__store_tell_worker_gone(s, 3));
-        if (idx == 2 && phase == 1) REQUIRE_OK(terse__store_tell_endpoint_closed(s, 3, 1));
-        REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
-        for (uint32_t ask = 2; idx == 0 && ask <= 4; ask++) {
-            REQUIRE_OK(terse__store_copy_wgone(s, ask, out));
-            for (int r = 0; r < j->nranks; r++)
-                REQUIRE(out[r] == (ask == 3 ? want[phase][r] : 0), 20,
-                        "phase %d: rank 0 reads %d for rank %d's pair %u", phase, out[r], r,
-                        ask);
-        }
-        REQUIRE_OK(terse__store_allgather(s, &idx, 1, all, 5000));
-    }
-    REQUIRE_OK(terse__store_check(s)); /* nobody lost, nobody dropped */
-    terse__store_close(s);
-    return 0;
-}
-
+ * growing values are accepted. */
 Test(store, colocated_endpoints_closed_are_told_per_side_and_generation) {
-    job j = {.nranks = 3, .nprocs = 3};
-    for (int i = 0; i < 3; i++) j.fn[i] = closed_rank;
-    run(&j, 20000);
-    expect_all_zero(&j);
+    static const notice_case c = {
+        .phases = 2,
+        .tell = {{{1, SERVER_CLOSED, 3}, {2, GAVE_UP, 3}},
+                 {{1, WORKER_CLOSED, 3}, {2, WORKER_CLOSED, 3}}},
+        .readers = 1u,
+        .ask_lo = 2,
+        .ask_hi = 4,
+        .want = {{[3] = {0, 2, 1}}, {[3] = {0, 6, 5}}},
+    };
+    run_notices(&c);
 }
 Test(store, four_ranks_exchange_through_allgather_and_keys) { run_exchange(4); }
 

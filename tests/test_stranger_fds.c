@@ -26,6 +26,7 @@
 #include "algos/comm/comm.h"
 #include "endpoint_port.h"
 #include "ranks.h"
+#include "sanitizer.h"
 
 #define BURSTS 3
 #define BURST_CONNS 500
@@ -34,16 +35,7 @@
 /* Under AddressSanitizer freed memory waits in its quarantine (up to 256
  * MB) instead of going back: there the bound only catches a leak of the
  * size the bug had (20 KB x 500 connections a burst). */
-#if defined(__SANITIZE_ADDRESS__)
-#define RSS_SLACK_MB 48.0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define RSS_SLACK_MB 48.0
-#endif
-#endif
-#ifndef RSS_SLACK_MB
-#define RSS_SLACK_MB 8.0
-#endif
+#define RSS_SLACK_MB (UNDER_ASAN ? 48.0 : 8.0)
 #define N_FLOATS 1024
 
 static size_t fd_count(void) {

@@ -15,6 +15,7 @@
 #include <zlib.h>
 
 #include "train/train.h"
+#include "../sanitizer.h"
 
 /* ---- scratch files */
 
@@ -247,16 +248,8 @@ Test(idx, a_zero_dimension_is_refused) {
  * memory" instead of what the test expects). Criterion runs each test in its
  * own process, so the cap ends with the test. Not under ASan, which reserves
  * terabytes of shadow memory up front. */
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-
 static void cap_address_space(void) {
-#ifndef UNDER_ASAN
+#if !UNDER_ASAN
     unsigned long pages = 0;
     FILE *f = fopen("/proc/self/statm", "r");
     cr_assert_not_null(f);
