@@ -18,18 +18,23 @@ cmake -S "$examples" -B "$build/example-cmake" -DCMAKE_PREFIX_PATH="$stage" -DCM
 cmake --build "$build/example-cmake" >/dev/null
 LD_LIBRARY_PATH="$libdir" "$build/example-cmake/compress_vector" none 1000
 mkdir -p "$build/example-pc"
-PKG_CONFIG_PATH="$libdir/pkgconfig" \
-  "$cc" -o "$build/example-pc/compress_vector" "$examples/compress_vector.c" \
-  $(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs terse) -lm
+# README's pkg-config line, as written there (-lm for the example's sqrt, the
+# rpath for a prefix the loader does not search)
+grep -qF 'cc examples/compress_vector.c -o compress_vector $(pkg-config --cflags --libs terse) -lm \' "$examples/../README.md" &&
+  grep -qF '   -Wl,-rpath,$(pkg-config --variable=libdir terse)' "$examples/../README.md" ||
+  { echo "README.md's pkg-config line changed: change it here too"; exit 1; }
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+"$cc" "$examples/compress_vector.c" -o "$build/example-pc/compress_vector" $(pkg-config --cflags --libs terse) -lm \
+   -Wl,-rpath,$(pkg-config --variable=libdir terse)
 # plain pkg-config (no --define-prefix) names the staging prefix, not the configured one
-PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags terse | grep -q -- "-I$stage/" ||
+pkg-config --cflags terse | grep -q -- "-I$stage/" ||
   { echo "terse.pc does not follow its prefix"; exit 1; }
 # installed programs start in a clean environment (RUNPATH $ORIGIN/../lib)
 for prog in "$stage"/bin/*; do
   readelf -d "$prog" | grep -q 'RUNPATH.*\$ORIGIN' || { echo "$prog: no \$ORIGIN RUNPATH"; exit 1; }
 done
 env -i "$stage/bin/terse-run" --help >/dev/null
-LD_LIBRARY_PATH="$libdir" "$build/example-pc/compress_vector" none 1000
+env -i "$build/example-pc/compress_vector" qsgd:bits=4 100000 >/dev/null
 # The Python package, installed beside the library, loads that library.
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import numpy" 2>/dev/null; then
   pkg=$(dirname "$(find "$stage" -path '*dist-packages/terse/__init__.py' | head -n1)")

@@ -248,6 +248,14 @@ terse_status terse__comm_explain(terse_comm *c, terse_status s, uint64_t grace_n
         if (st != TERSE_OK) { /* PEER_LOST, or the status a failed rank told */
             char cause[400];
             snprintf(cause, sizeof cause, "%s", terse__comm_last_sentence());
+            /* this rank's sentence is already the cause (it heard it from
+             * the store first): say it once */
+            size_t n = strlen(cause) < strlen(here) ? strlen(cause) : strlen(here);
+            if (n > 80) n = 80;
+            if (n && strncmp(cause, here, n) == 0) {
+                terse__error_restore(full);
+                return st;
+            }
             return TERSE_ERROR(st, "%s; on rank %d this surfaced as: %s", cause, c->rank, here);
         }
         if (terse__now_ns() >= until || atomic_load(&c->aborted)) break;
