@@ -1049,12 +1049,30 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  *            applying on arrival add an implicit momentum of about
  *            1 - 1/W, so the explicit one is reduced to keep the sum the
  *            configured one: mu' = max(0, mu - (1 - 1/W)).
+ *   "dana"   (TERSE_PS_STALE_DANA) momentum per worker, pulls at the
+ *            parameters' estimated future position (DANA-Zero: Hakimi,
+ *            Barkai, Gabel and Schuster, "Taming momentum in a distributed
+ *            asynchronous environment", 2019). The server keeps a momentum
+ *            v_w per worker and shard; a push of worker w applies
+ *            v_w = mu v_w + (1/W) g; x -= lr v_w, so that a round of one
+ *            push per worker moves x as far as a synchronous step would
+ *            (the sum of the v_w decays by mu per round, as sync's
+ *            momentum does per step, where one shared momentum would decay
+ *            by mu^W). A pull returns x - lr mu sum_w v_w, where x will be
+ *            after the next round if every worker's momentum just coasts:
+ *            a gradient computed there is less stale when it arrives.
+ *            Memory: nfloats x 4 bytes per worker and shard, allocated at
+ *            the worker's first push of it (terse_ps_stats.dc_copy_bytes
+ *            counts them). Combines with no other rule.
  * The default (stale_rule 0) is the rule that measured best for a user who
  * switches sync to async or ssp with the same lr and momentum (docs/ps.md,
- * "Rules for stale pushes"): TERSE_PS_STALE_DEFAULT_RULE below, "step"
- * (before 0.5 async applied "plain"). A rule given in sync
- * mode, an unknown flag, "plain" combined with another, or a dc_lambda
- * without "dc" is refused by terse_ps_create (TERSE_ERR_INVALID and a
+ * "Rules for stale pushes"): TERSE_PS_STALE_DEFAULT_RULE below, "dana"
+ * (in 0.5 "step"; before 0.5 async applied "plain"); it costs the server
+ * a momentum per worker (W x its shards' floats x 4 bytes): a server short
+ * of memory takes "step", which keeps nothing per worker. lr_scale=1
+ * without a rule is "step". A rule given in sync mode, an unknown flag,
+ * "plain" or "dana" combined with another, or a dc_lambda without "dc" is
+ * refused by terse_ps_create (TERSE_ERR_INVALID and a
  * sentence naming it), on every rank.
  *
  * Learning-rate schedule (terse_ps_config.lr_schedule, lr_steps,
@@ -1263,8 +1281,9 @@ typedef enum terse_ps_update {
 #define TERSE_PS_STALE_STEP 2  /* step / max(1, staleness) (Zhang et al. 2016) */
 #define TERSE_PS_STALE_DC 4    /* delay compensation (DC-ASGD, Zheng et al. 2017) */
 #define TERSE_PS_STALE_AMOM 8  /* momentum reduced by 1 - 1/workers (Mitliagkas et al. 2016) */
+#define TERSE_PS_STALE_DANA 16 /* per-worker momentum, pulls at the look-ahead (Hakimi et al. 2019) */
 /* What stale_rule 0 means in async and ssp (measured: docs/ps.md). */
-#define TERSE_PS_STALE_DEFAULT_RULE (TERSE_PS_STALE_STEP)
+#define TERSE_PS_STALE_DEFAULT_RULE (TERSE_PS_STALE_DANA)
 
 typedef enum terse_ps_lr_schedule {
     TERSE_PS_LR_CONSTANT = 0,
@@ -1427,7 +1446,8 @@ typedef struct terse_ps_stats {
     uint64_t takeovers;        /* replica: shards of a lost head it took over */
     uint64_t duplicates;       /* new head: resent pushes it had already applied */
     /* appended in 0.5 (server) */
-    uint64_t dc_copy_bytes;    /* update dc: bytes of the workers' pulled copies kept */
+    uint64_t dc_copy_bytes;    /* update dc: bytes of the workers' pulled copies kept;
+                                * update dana: of the workers' momenta */
     /* appended after 0.5 (server): payloads on a pull lane, a worker past
      * its window of pushes (refused unreceived; docs/ps.md) */
     uint64_t refused_window;

@@ -1,5 +1,5 @@
-/* The server's update rules for stale pushes (plain, step, dc, amom and
- * their combination) and its learning-rate schedule, each against a
+/* The server's update rules for stale pushes (plain, step, dc, amom,
+ * their combination, and dana) and its learning-rate schedule, each against a
  * float64 reference of the server's arithmetic with a forced staleness
  * pattern; the rules' parsing and the configurations terse_ps_create
  * refuses on every rank (terse.h, Stale pushes and Learning-rate
@@ -110,7 +110,10 @@ typedef struct ref_push {
 
 static void reference(int rule, double lambda, double lr, double mu, size_t key,
                       const ref_push *p, int np, double *x) {
-    double v[RN] = {0}, hist[8][RN];
+    static double v[RW + 1][RN]; /* dana: per worker; else v[0], shared */
+    double hist[8][RN];
+    memset(v, 0, sizeof v);
+    const int dana = rule == TERSE_PS_STALE_DANA;
     const double W = RW, m = (rule & TERSE_PS_STALE_AMOM) ? fmax(0.0, mu - (1.0 - 1.0 / W)) : mu;
     memset(x, 0, RN * sizeof *x);
     for (int e = 0; e < np; e++) {
@@ -121,10 +124,14 @@ static void reference(int rule, double lambda, double lr, double mu, size_t key,
             double g = grad(p[e].w, p[e].t, key, i);
             if ((rule & TERSE_PS_STALE_DC) && p[e].kept)
                 g += lambda * g * g * (x[i] - hist[p[e].at][i]);
-            v[i] = m * v[i] + c * g;
-            x[i] -= lr * v[i];
+            double *vw = &v[dana ? p[e].w : 0][i];
+            *vw = m * *vw + c * g;
+            x[i] -= lr * *vw;
         }
     }
+    /* dana: a pull returns the look-ahead, x - lr mu sum_w v_w */
+    for (int w = 1; dana && w <= RW; w++)
+        for (size_t i = 0; i < RN; i++) x[i] -= lr * mu * v[w][i];
 }
 
 static void check_rule(const char *mode, int rule, double lambda) {
@@ -154,8 +161,10 @@ static void check_rule(const char *mode, int rule, double lambda) {
     cr_assert(rule == TERSE_PS_STALE_PLAIN || differs, "%s: the same as plain", mode);
     cr_assert_eq(o[0].u[0], 10, "pushes applied: %llu", (unsigned long long)o[0].u[0]);
     cr_assert_eq(o[0].u[1], RK + 1, "staleness_max: %llu", (unsigned long long)o[0].u[1]);
-    /* dc keeps a copy per worker and shard pulled: A 2, B 2, C 2 */
-    const uint64_t copies = (rule & TERSE_PS_STALE_DC) ? 6ull * RN * sizeof(float) : 0;
+    /* dc keeps a copy per worker and shard pulled, dana a momentum per
+     * worker and shard pushed: A 2, B 2, C 2 */
+    const uint64_t copies =
+        (rule & (TERSE_PS_STALE_DC | TERSE_PS_STALE_DANA)) ? 6ull * RN * sizeof(float) : 0;
     cr_assert_eq(o[0].u[2], copies, "%s: dc_copy_bytes %llu, expected %llu", mode,
                  (unsigned long long)o[0].u[2], (unsigned long long)copies);
     tr_release(o);
@@ -173,10 +182,15 @@ Test(ps_rules, dc_compensates_against_each_shards_own_pulled_copy) {
 Test(ps_rules, amom_reduces_the_momentum_by_the_implicit_one) {
     check_rule("ssp:8,update=amom", TERSE_PS_STALE_AMOM, 0);
 }
+Test(ps_rules, dana_keeps_a_momentum_per_worker_and_pulls_at_the_look_ahead) {
+    check_rule("async:update=dana", TERSE_PS_STALE_DANA, 0);
+    check_rule("ssp:8,update=dana", TERSE_PS_STALE_DANA, 0);
+}
 Test(ps_rules, rules_combine_and_the_default_is_the_documented_one) {
     check_rule("async:update=amom+step+dc,lambda=1", TERSE_PS_STALE_AMOM | TERSE_PS_STALE_STEP |
                                                          TERSE_PS_STALE_DC, 1);
     check_rule("async", TERSE_PS_STALE_DEFAULT_RULE, 0.04);
+    check_rule("async:lr_scale=1", TERSE_PS_STALE_STEP, 0); /* lr_scale=1 alone: step */
 }
 
 /* ---------------------------------------------------------------- schedule */
@@ -286,6 +300,8 @@ static const struct {
     {"async", TERSE_PS_STALE_DC, -1.0f, TERSE_PS_LR_CONSTANT, 0, 0, "dc_lambda -1"},
     {"async", TERSE_PS_STALE_STEP, 0.5f, TERSE_PS_LR_CONSTANT, 0, 0, "without the rule \"dc\""},
     {"async:lr_scale=1", TERSE_PS_STALE_PLAIN, 0, TERSE_PS_LR_CONSTANT, 0, 0, "\"plain\" combines"},
+    {"async", TERSE_PS_STALE_DANA | TERSE_PS_STALE_STEP, 0, TERSE_PS_LR_CONSTANT, 0, 0,
+     "\"dana\" (a momentum per worker) combines with no other"},
     {"sync", 0, 0, TERSE_PS_LR_COSINE, 10, 10, "lr_warmup < lr_steps"},
     {"sync", 0, 0, (terse_ps_lr_schedule)7, 10, 0, "unknown lr_schedule 7"},
 };

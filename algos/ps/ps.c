@@ -167,22 +167,23 @@ static const char *const agree_names[AGREE_FIELDS] = {
     "replicas", "partition_bytes (or TERSE_PS_PARTITION_BYTES)", "window (or TERSE_PS_WINDOW)",
     "colocate", "stale_rule", "dc_lambda", "lr_schedule", "lr_steps", "lr_warmup"};
 
-/* The stale-push rule in force: the config's (or the mode's default),
- * with lr_scale's step; 0 in sync mode. */
+/* The stale-push rule in force: the config's with lr_scale's step, or
+ * without one "step" for lr_scale=1 and else the mode's default; 0 in sync
+ * mode. */
 static int stale_rule_of(const terse_ps_config *c) {
     if (c->mode == TERSE_PS_SYNC) return 0;
-    return (c->stale_rule ? c->stale_rule : TERSE_PS_STALE_DEFAULT_RULE) |
-           (c->lr_scale ? TERSE_PS_STALE_STEP : 0);
+    if (c->stale_rule) return c->stale_rule | (c->lr_scale ? TERSE_PS_STALE_STEP : 0);
+    return c->lr_scale ? TERSE_PS_STALE_STEP : TERSE_PS_STALE_DEFAULT_RULE;
 }
 
 /* The stale-push rule and the rate schedule (terse.h). */
 static terse_status check_rules(const terse_ps_config *c) {
     const int all = TERSE_PS_STALE_PLAIN | TERSE_PS_STALE_STEP | TERSE_PS_STALE_DC |
-                    TERSE_PS_STALE_AMOM;
+                    TERSE_PS_STALE_AMOM | TERSE_PS_STALE_DANA;
     if (c->stale_rule & ~all)
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_create: stale_rule 0x%x holds flags that are no rule "
-                           "(TERSE_PS_STALE_PLAIN, _STEP, _DC, _AMOM)",
+                           "(TERSE_PS_STALE_PLAIN, _STEP, _DC, _AMOM, _DANA)",
                            (unsigned)c->stale_rule);
     if (c->stale_rule && c->mode == TERSE_PS_SYNC)
         return TERSE_ERROR(TERSE_ERR_INVALID,
@@ -194,6 +195,11 @@ static terse_status check_rules(const terse_ps_config *c) {
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_create: the stale-push rule \"plain\" combines with no other "
                            "(stale_rule 0x%x%s)",
+                           (unsigned)c->stale_rule, c->lr_scale ? ", and lr_scale=1 is \"step\"" : "");
+    if ((r & TERSE_PS_STALE_DANA) && r != TERSE_PS_STALE_DANA)
+        return TERSE_ERROR(TERSE_ERR_INVALID,
+                           "terse_ps_create: the stale-push rule \"dana\" (a momentum per "
+                           "worker) combines with no other (stale_rule 0x%x%s)",
                            (unsigned)c->stale_rule, c->lr_scale ? ", and lr_scale=1 is \"step\"" : "");
     if (!(c->dc_lambda >= 0.0f && c->dc_lambda <= 1e6f))
         return TERSE_ERROR(TERSE_ERR_INVALID,

@@ -134,6 +134,8 @@ typedef struct terse__ps_shard {
     uint64_t *pushed;   /* ssp: pushes applied from each worker (its next clock) */
     uint64_t *pulled;   /* async: version each worker last pulled */
     float **kept;       /* update dc: per worker, the value at its last pull (NULL: none) */
+    float **wmom;       /* update dana: per worker, its momentum (NULL: none yet) */
+    float *vsum;        /* update dana: the sum of the workers' momenta */
     uint64_t *prefused; /* each worker's last push refused, 1 + (lane << 16 | seq & 0xffff) */
     terse__ps_blob *cur;
     /* replicas 2 (ps_replica.c). Head: the step's state on its way to the
@@ -259,6 +261,11 @@ const terse__ps_update_rule *terse__ps_rule(terse_ps_update u);
 float terse__ps_lr_at(const terse_ps_config *c, uint64_t k);
 /* DC-ASGD: g += lambda g * g * (x - kept), elementwise. */
 void terse__ps_dc_compensate(float *g, const float *x, const float *kept, size_t n, float lambda);
+/* DANA: v = mu v + w g; vsum += the change; x -= lr v. */
+void terse__ps_dana_apply(float lr, float mu, float *x, float *v, float *vsum, const float *g,
+                          size_t n, float w);
+/* DANA's pull: out = x - lr mu vsum. */
+void terse__ps_dana_ahead(float *out, const float *x, const float *vsum, size_t n, float lr_mu);
 /* Parse a stale-push rule ("amom+step", ...) into TERSE_PS_STALE_* flags:
  * TERSE_OK, or TERSE_ERR_INVALID naming the spec and the word. */
 terse_status terse__ps_parse_stale_rule(const char *spec, const char *v, int *out);

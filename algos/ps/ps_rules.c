@@ -45,6 +45,20 @@ void terse__ps_dc_compensate(float *g, const float *x, const float *kept, size_t
     for (size_t i = 0; i < n; i++) g[i] += lambda * g[i] * g[i] * (x[i] - kept[i]);
 }
 
+void terse__ps_dana_apply(float lr, float mu, float *x, float *v, float *vsum, const float *g,
+                          size_t n, float w) {
+    for (size_t i = 0; i < n; i++) {
+        const float old = v[i];
+        v[i] = mu * old + w * g[i];
+        vsum[i] += v[i] - old;
+        x[i] -= lr * v[i];
+    }
+}
+
+void terse__ps_dana_ahead(float *out, const float *x, const float *vsum, size_t n, float lr_mu) {
+    for (size_t i = 0; i < n; i++) out[i] = x[i] - lr_mu * vsum[i];
+}
+
 terse_status terse__ps_parse_stale_rule(const char *spec, const char *v, int *out) {
     static const struct {
         const char *name;
@@ -52,7 +66,8 @@ terse_status terse__ps_parse_stale_rule(const char *spec, const char *v, int *ou
     } words[] = {{"plain", TERSE_PS_STALE_PLAIN},
                  {"step", TERSE_PS_STALE_STEP},
                  {"dc", TERSE_PS_STALE_DC},
-                 {"amom", TERSE_PS_STALE_AMOM}};
+                 {"amom", TERSE_PS_STALE_AMOM},
+                 {"dana", TERSE_PS_STALE_DANA}};
     int r = 0;
     const char *p = v;
     for (;;) {
@@ -64,7 +79,7 @@ terse_status terse__ps_parse_stale_rule(const char *spec, const char *v, int *ou
         if (!flag)
             return TERSE_ERROR(TERSE_ERR_INVALID,
                                "parameter-server mode \"%s\": update \"%.*s\" is not a rule for "
-                               "stale pushes (plain, step, dc, amom, joined with +)",
+                               "stale pushes (plain, step, dc, amom, joined with +; or dana)",
                                spec, (int)len, p);
         r |= flag;
         if (!p[len]) break;

@@ -185,10 +185,16 @@ static terse_status current_blob(terse_ps *ps, terse__ps_shard *sh, terse__ps_bl
         return TERSE_ERROR(TERSE_ERR_NOMEM, "server rank %d: no memory for a pull", ps->rank);
     }
     uint64_t t0 = terse__now_ns();
+    const float *from = sh->value;
+    if (sh->vsum) { /* update dana: the look-ahead (scratch holds no push now) */
+        const float lr = terse__ps_lr_at(&ps->cfg, sh->version / (uint64_t)ps->nworkers);
+        terse__ps_dana_ahead(ps->scratch, sh->value, sh->vsum, sh->nfloats, lr * ps->stale_mu);
+        from = ps->scratch;
+    }
     size_t off = 0;
     for (size_t i = 0; i < sh->nchunks; i++) {
         size_t got = 0;
-        terse_status s = terse_encode(sh->enc[i], sh->value + sh->offs[i], b->data + off,
+        terse_status s = terse_encode(sh->enc[i], from + sh->offs[i], b->data + off,
                                       sh->pull_bound - off, &got);
         if (s != TERSE_OK) {
             terse__ps_blob_free(b);
@@ -411,7 +417,18 @@ terse_status terse__ps_handle_push(terse_ps *ps, int cv) {
     if ((ps->stale_rule & TERSE_PS_STALE_DC) && sh->kept[w])
         terse__ps_dc_compensate(ps->scratch, sh->value, sh->kept[w], sh->nfloats, ps->dc_lambda);
     const float lr = terse__ps_lr_at(&ps->cfg, sh->version / (uint64_t)ps->nworkers);
-    ps->rule->apply(lr, ps->stale_mu, sh->value, sh->mom, ps->scratch, sh->nfloats, weight);
+    if (sh->wmom) { /* update dana: this worker's own momentum */
+        if (!sh->wmom[w]) {
+            if (!(sh->wmom[w] = calloc(sh->nfloats, sizeof(float))))
+                return terse__ps_refuse(ps, cv, R_CORRUPT,
+                                        "the server has no memory for the worker's momentum");
+            ps->stats.dc_copy_bytes += sh->nfloats * sizeof(float);
+        }
+        terse__ps_dana_apply(lr, ps->stale_mu, sh->value, sh->wmom[w], sh->vsum, ps->scratch,
+                             sh->nfloats, weight);
+    } else {
+        ps->rule->apply(lr, ps->stale_mu, sh->value, sh->mom, ps->scratch, sh->nfloats, weight);
+    }
     terse__comm_codec_time(ps->comm, t0);
     sh->version++;
     if (clock + 1 > sh->pushed[w]) sh->pushed[w] = clock + 1;

@@ -41,6 +41,8 @@ terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *i
     sh->prefused = calloc(N, sizeof *sh->prefused);
     if ((ps->stale_rule & TERSE_PS_STALE_DC) && !(sh->kept = calloc(N, sizeof *sh->kept)))
         return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
+    if ((ps->stale_rule & TERSE_PS_STALE_DANA) && !(sh->wmom = calloc(N, sizeof *sh->wmom)))
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
     if (!sh->chunks || !sh->offs || !sh->dec || !sh->enc || !sh->rx || !sh->rx_cap || !sh->got ||
         !sh->wt || !sh->has || !sh->pushed || !sh->pulled || !sh->prefused)
         return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory");
@@ -62,6 +64,9 @@ terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *i
         j++;
     }
     sh->value = calloc(sh->nfloats, sizeof(float));
+    if (sh->wmom && !(sh->vsum = calloc(sh->nfloats, sizeof(float))))
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory for %zu floats",
+                           sh->nfloats);
     if (ps->cfg.update == TERSE_PS_UPDATE_SGD && ps->cfg.momentum > 0.0f)
         sh->mom = calloc(sh->nfloats, sizeof(float));
     if (ps->agg->needs_center) sh->center = calloc(sh->nfloats, sizeof(float));
@@ -94,8 +99,9 @@ void terse__ps_shard_free(terse_ps *ps, terse__ps_shard *sh) {
         if (sh->rx) free(sh->rx[r]);
         if (sh->got) free(sh->got[r]);
         if (sh->kept) free(sh->kept[r]);
+        if (sh->wmom) free(sh->wmom[r]);
     }
-    free(sh->kept);
+    free(sh->kept), free(sh->wmom), free(sh->vsum);
     if (sh->cur && sh->cur->refs == 0) terse__ps_blob_free(sh->cur);
     free(sh->chunks), free(sh->offs), free(sh->dec), free(sh->enc);
     free(sh->rx), free(sh->rx_cap), free(sh->got), free(sh->wt), free(sh->has);

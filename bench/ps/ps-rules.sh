@@ -19,7 +19,8 @@ common=(train --model mlp --workers 4 --epochs 2 --batch 256 --lr 0.1 --momentum
         --schedule cosine --provider tcp --csv -q "$@")
 modes=(allreduce ps:async:update=plain ps:async:update=step ps:async:update=dc
        ps:async:update=amom ps:async:update=amom+step ps:async:update=amom+dc
-       ps:ssp:2,update=plain ps:ssp:2,update=step ps:ssp:2,update=amom)
+       ps:async:update=dana
+       ps:ssp:2,update=plain ps:ssp:2,update=step ps:ssp:2,update=amom ps:ssp:2,update=dana)
 echo "# $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores; bench/ps/ps-rules.sh $seeds $*"
 out=$(mktemp /tmp/ps-rules-XXXXXX)
 for s in $(seq 1 "$seeds"); do

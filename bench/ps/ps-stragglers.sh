@@ -14,7 +14,7 @@
 #                probability 0.1 (--transient 0.1:4: a noisy neighbour)
 # Rows: allreduce, ps:sync, ps:sync:quorum=3 (backup workers), ps:ssp:2
 # (its default rule for stale pushes), ps:async with each rule (plain,
-# step, dc, amom; include/terse.h, Stale pushes) and Local SGD
+# step, dc, amom, dana; include/terse.h, Stale pushes) and Local SGD
 # (localsgd:4). Repeat r uses seed r. The target is allreduce's final test
 # accuracy minus 0.5 point in the same repeat; per kind, prints the
 # medians over REPEATS of the time to the target, its ratio to
@@ -26,7 +26,7 @@
 #   OUTDIR   where the plots and the raw CSV go (docs)
 #
 # Needs a build in ./build (./terse.sh build). A long command (about
-# 19 x REPEATS runs): not part of the test suite.
+# 21 x REPEATS runs): not part of the test suite.
 set -u
 cd "$(dirname "$0")/../.."
 reps=${1:-5}
@@ -48,6 +48,7 @@ configs=("allreduce|--mode allreduce"
          "ps:async step|--mode ps:async:update=step --servers 2"
          "ps:async dc|--mode ps:async:update=dc --servers 2"
          "ps:async amom|--mode ps:async:update=amom --servers 2"
+         "ps:async dana|--mode ps:async:update=dana --servers 2"
          "localsgd:4|--mode localsgd:4")
 kinds=("persistent|--straggler 3:3" "transient|--transient 0.1:4")
 cpu="$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) cores"

@@ -48,8 +48,8 @@ class PS(_Closing):
     refused (include/terse.h, "Colocated servers").
 
     stale_rule (async and ssp) is how a push applied on arrival is
-    corrected for its staleness: "plain", "step", "dc", "amom", or several
-    joined with "+" ("amom+step"); None is the mode's default; dc_lambda is
+    corrected for its staleness: "plain", "step", "dc", "amom", several
+    joined with "+" ("amom+step"), or "dana"; None is the mode's default; dc_lambda is
     dc's lambda (0: 0.04). The same as "async:update=dc,lambda=0.1" in mode
     (include/terse.h, "Stale pushes").
 
