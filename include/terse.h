@@ -1063,13 +1063,17 @@ TERSE_API void terse_comm_reset_stats(terse_comm *comm);
  *            a gradient computed there is less stale when it arrives.
  *            Memory: nfloats x 4 bytes per worker and shard, allocated at
  *            the worker's first push of it (terse_ps_stats.dc_copy_bytes
- *            counts them). Combines with no other rule.
+ *            counts what was allocated), and the sum; the shared momentum
+ *            of the other rules is not kept. A worker that finished or
+ *            was lost pushes no more, so its momentum would never coast:
+ *            it is taken out of the sum and freed (the movement it had
+ *            left is dropped). Combines with no other rule.
  * The default (stale_rule 0) is the rule that measured best for a user who
  * switches sync to async or ssp with the same lr and momentum (docs/ps.md,
  * "Rules for stale pushes"): TERSE_PS_STALE_DEFAULT_RULE below, "dana"
  * (in 0.5 "step"; before 0.5 async applied "plain"); it costs the server
- * a momentum per worker (W x its shards' floats x 4 bytes): a server short
- * of memory takes "step", which keeps nothing per worker. lr_scale=1
+ * a momentum per worker (W x its shards' floats x 4 bytes): where the
+ * server's memory is short, choose "step", which keeps nothing per worker. lr_scale=1
  * without a rule is "step". A rule given in sync mode, an unknown flag,
  * "plain" or "dana" combined with another, or a dc_lambda without "dc" is
  * refused by terse_ps_create (TERSE_ERR_INVALID and a

@@ -51,7 +51,10 @@ static int pushpull_key(tr_out *o, terse_ps *ps, int w, int t, size_t key) {
  *   A pulls key 1 (version RK), pushes both keys: key 0 is RK stale and
  *     computed at version 0, key 1 fresh; marks;
  *   C, which never pulled, pushes both keys (RK + 1 stale, no kept copy),
- *     then pulls both: its f[] holds the server's final state. */
+ *     then pulls both: its f[0, 2 RN) holds the server's final state;
+ *     marks u[8];
+ *   A and B finish (u[9]: the server answered their finish), then C pulls
+ *     both again into f[2 RN, 4 RN): dana has taken their momenta out. */
 static int rule_body(terse_comm *c, tr_out *o, const void *arg) {
     const rule_job *j = arg;
     terse_ps *ps = NULL;
@@ -76,6 +79,9 @@ static int rule_body(terse_comm *c, tr_out *o, const void *arg) {
         for (size_t k = 0; k < 2; k++)
             if (push_key(o, ps, 1, 9, k)) return 1;
         ps_mark(&o->u[7]);
+        ps_wait_mark(&all[3], &all[3].u[8]);
+        TR_CALL(o, terse_ps_finish(ps));
+        ps_mark(&o->u[9]);
     } else if (rank == 2) {
         ps_wait_mark(&all[1], &all[1].u[6]);
         for (size_t k = 0; k < 2; k++) TR_CALL(o, terse_ps_pull(ps, k, buf, NULL));
@@ -85,6 +91,9 @@ static int rule_body(terse_comm *c, tr_out *o, const void *arg) {
             TR_CALL(o, terse_ps_clock(ps)); /* ssp: one push per key and clock */
         }
         ps_mark(&o->u[6]);
+        ps_wait_mark(&all[3], &all[3].u[8]);
+        TR_CALL(o, terse_ps_finish(ps));
+        ps_mark(&o->u[9]);
     } else {
         ps_wait_mark(&all[1], &all[1].u[7]);
         for (size_t k = 0; k < 2; k++)
@@ -92,6 +101,13 @@ static int rule_body(terse_comm *c, tr_out *o, const void *arg) {
         for (size_t k = 0; k < 2; k++) {
             TR_CALL(o, terse_ps_pull(ps, k, buf, NULL));
             memcpy(o->f + k * RN, buf, sizeof buf);
+        }
+        ps_mark(&o->u[8]);
+        ps_wait_mark(&all[1], &all[1].u[9]);
+        ps_wait_mark(&all[2], &all[2].u[9]);
+        for (size_t k = 0; k < 2; k++) {
+            TR_CALL(o, terse_ps_pull(ps, k, buf, NULL));
+            memcpy(o->f + (2 + k) * RN, buf, sizeof buf);
         }
     }
     TR_CALL(o, terse_ps_finish(ps));
@@ -108,8 +124,19 @@ typedef struct ref_push {
     int at;
 } ref_push;
 
-static void reference(int rule, double lambda, double lr, double mu, size_t key,
-                      const ref_push *p, int np, double *x) {
+/* x: what a pull returns after the pushes; x_c: after A and B finished
+ * (dana: their momenta taken out; the other rules: x). */
+/* terse.h's rate of step k: constant when T is 0, else cosine over T steps
+ * with U of warm-up. */
+static double ref_lr(double lr, uint64_t T, uint64_t U, uint64_t k) {
+    if (!T) return lr;
+    if (k >= T) return 0.0;
+    if (k < U) return lr * (double)(k + 1) / (double)U;
+    return lr * 0.5 * (1.0 + cos(M_PI * (double)(k - U) / (double)(T - U)));
+}
+
+static void reference(int rule, double lambda, double lr0, uint64_t T, uint64_t U, double mu,
+                      size_t key, const ref_push *p, int np, double *x, double *x_c) {
     static double v[RW + 1][RN]; /* dana: per worker; else v[0], shared */
     double hist[8][RN];
     memset(v, 0, sizeof v);
@@ -119,6 +146,7 @@ static void reference(int rule, double lambda, double lr, double mu, size_t key,
     for (int e = 0; e < np; e++) {
         memcpy(hist[e], x, sizeof hist[e]);
         double c = 1.0 / W;
+        const double lr = ref_lr(lr0, T, U, (uint64_t)e / RW); /* step: pushes applied / W */
         if ((rule & TERSE_PS_STALE_STEP) && p[e].stale > 1) c /= (double)p[e].stale;
         for (size_t i = 0; i < RN; i++) {
             double g = grad(p[e].w, p[e].t, key, i);
@@ -130,12 +158,15 @@ static void reference(int rule, double lambda, double lr, double mu, size_t key,
         }
     }
     /* dana: a pull returns the look-ahead, x - lr mu sum_w v_w */
+    const double lr = ref_lr(lr0, T, U, (uint64_t)np / RW);
+    for (size_t i = 0; i < RN; i++) x_c[i] = x[i] - (dana ? lr * mu * v[3][i] : 0.0);
     for (int w = 1; dana && w <= RW; w++)
         for (size_t i = 0; i < RN; i++) x[i] -= lr * mu * v[w][i];
 }
 
-static void check_rule(const char *mode, int rule, double lambda) {
-    rule_job j = {mode, 0.5f, 0.9f, TERSE_PS_LR_CONSTANT, 0, 0};
+/* T > 0: the cosine schedule over T steps with U of warm-up. */
+static void check_rule_at(const char *mode, int rule, double lambda, uint64_t T, uint64_t U) {
+    rule_job j = {mode, 0.5f, 0.9f, T ? TERSE_PS_LR_COSINE : TERSE_PS_LR_CONSTANT, T, U};
     tr_job job = {"tcp", 1 + RW, 20000, 60, -1};
     tr_out *o = tr_run(&job, rule_body, &j);
     for (int r = 0; r <= RW; r++) cr_assert_eq(o[r].status, 0, "rank %d: %s", r, o[r].err);
@@ -145,15 +176,18 @@ static void check_rule(const char *mode, int rule, double lambda) {
                      {1, 9, RK, 1, 0}, {3, 9, RK + 1, 0, 0}};
     ref_push k1[] = {{2, 0, 0, 1, 0}, {2, 1, 0, 1, 1}, {2, 2, 0, 1, 2},
                      {1, 9, 0, 1, 3}, {3, 9, RK + 1, 0, 0}};
-    double x[RN], x_plain[RN];
+    double x[RN], x_c[RN], x_plain[RN], unused[RN];
     int differs = 0;
     for (size_t key = 0; key < 2; key++) {
-        reference(rule, lambda, 0.5, 0.9, key, key ? k1 : k0, 5, x);
-        reference(TERSE_PS_STALE_PLAIN, 0, 0.5, 0.9, key, key ? k1 : k0, 5, x_plain);
+        reference(rule, lambda, 0.5, T, U, 0.9, key, key ? k1 : k0, 5, x, x_c);
+        reference(TERSE_PS_STALE_PLAIN, 0, 0.5, T, U, 0.9, key, key ? k1 : k0, 5, x_plain, unused);
         for (size_t i = 0; i < RN; i++) {
-            const double got = o[3].f[key * RN + i];
+            const double got = o[3].f[key * RN + i], got_c = o[3].f[(2 + key) * RN + i];
             cr_assert(fabs(got - x[i]) <= 1e-5 * (1.0 + fabs(x[i])),
                       "%s: key %zu element %zu: %.9g, reference %.9g", mode, key, i, got, x[i]);
+            cr_assert(fabs(got_c - x_c[i]) <= 1e-5 * (1.0 + fabs(x_c[i])),
+                      "%s: after A and B finished, key %zu element %zu: %.9g, reference %.9g",
+                      mode, key, i, got_c, x_c[i]);
             differs |= fabs(x[i] - x_plain[i]) > 1e-4;
         }
     }
@@ -168,6 +202,10 @@ static void check_rule(const char *mode, int rule, double lambda) {
     cr_assert_eq(o[0].u[2], copies, "%s: dc_copy_bytes %llu, expected %llu", mode,
                  (unsigned long long)o[0].u[2], (unsigned long long)copies);
     tr_release(o);
+}
+
+static void check_rule(const char *mode, int rule, double lambda) {
+    check_rule_at(mode, rule, lambda, 0, 0);
 }
 
 Test(ps_rules, plain_applies_a_stale_push_as_if_fresh) {
@@ -185,6 +223,9 @@ Test(ps_rules, amom_reduces_the_momentum_by_the_implicit_one) {
 Test(ps_rules, dana_keeps_a_momentum_per_worker_and_pulls_at_the_look_ahead) {
     check_rule("async:update=dana", TERSE_PS_STALE_DANA, 0);
     check_rule("ssp:8,update=dana", TERSE_PS_STALE_DANA, 0);
+    /* the look-ahead at the current step's rate: pushes 0-2 at lr / 2,
+     * 3-4 and the pulls at lr (cosine over 4 steps, 2 of warm-up) */
+    check_rule_at("async:update=dana", TERSE_PS_STALE_DANA, 0, 4, 2);
 }
 Test(ps_rules, rules_combine_and_the_default_is_the_documented_one) {
     check_rule("async:update=amom+step+dc,lambda=1", TERSE_PS_STALE_AMOM | TERSE_PS_STALE_STEP |

@@ -249,12 +249,15 @@ terse_status terse__comm_explain(terse_comm *c, terse_status s, uint64_t grace_n
             char cause[400];
             snprintf(cause, sizeof cause, "%s", terse__comm_last_sentence());
             /* this rank's sentence is already the cause (it heard it from
-             * the store first): say it once */
-            size_t n = strlen(cause) < strlen(here) ? strlen(cause) : strlen(here);
-            if (n > 80) n = 80;
-            if (n && strncmp(cause, here, n) == 0) {
-                terse__error_restore(full);
-                return st;
+             * the store first), or the cause with a location added: say it
+             * once, the longer form */
+            const size_t lc = strlen(cause), lh = strlen(here);
+            if (lc && lh && strncmp(cause, here, lc < lh ? lc : lh) == 0) {
+                if (lh >= lc) {
+                    terse__error_restore(full);
+                    return st;
+                }
+                return TERSE_ERROR(st, "%s", cause);
             }
             return TERSE_ERROR(st, "%s; on rank %d this surfaced as: %s", cause, c->rank, here);
         }

@@ -136,6 +136,7 @@ typedef struct terse__ps_shard {
     float **kept;       /* update dc: per worker, the value at its last pull (NULL: none) */
     float **wmom;       /* update dana: per worker, its momentum (NULL: none yet) */
     float *vsum;        /* update dana: the sum of the workers' momenta */
+    int ahead_dirty;    /* update dana: a worker's momentum left; cur is stale */
     uint64_t *prefused; /* each worker's last push refused, 1 + (lane << 16 | seq & 0xffff) */
     terse__ps_blob *cur;
     /* replicas 2 (ps_replica.c). Head: the step's state on its way to the
@@ -264,6 +265,9 @@ void terse__ps_dc_compensate(float *g, const float *x, const float *kept, size_t
 /* DANA: v = mu v + w g; vsum += the change; x -= lr v. */
 void terse__ps_dana_apply(float lr, float mu, float *x, float *v, float *vsum, const float *g,
                           size_t n, float w);
+/* update dana: worker w finished or was lost; take its momentum out of
+ * every shard's look-ahead (it would never coast as the look-ahead assumes). */
+void terse__ps_dana_forget(terse_ps *ps, int w);
 /* DANA's pull: out = x - lr mu vsum. */
 void terse__ps_dana_ahead(float *out, const float *x, const float *vsum, size_t n, float lr_mu);
 /* Parse a stale-push rule ("amom+step", ...) into TERSE_PS_STALE_* flags:

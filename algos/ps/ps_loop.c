@@ -46,6 +46,7 @@ static void mark_lost(terse_ps *ps, int w, const char *how) {
     if (p->lost || p->finished) return;
     p->lost = 1; /* a server peer too: nothing more is expected from it */
     if (!terse__ps_is_worker(ps, w)) return;
+    terse__ps_dana_forget(ps, w);
     ps->stats.workers_lost++;
     if (ps->slot == ps->rank) /* its mirror instance learns it too: one line */
         fprintf(stderr, "terse: parameter server rank %d: worker rank %d was lost (%s)\n",

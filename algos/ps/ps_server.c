@@ -174,7 +174,7 @@ terse_status terse__ps_moved(terse_ps *ps, int cv) {
 /* The current version's pull payload, encoded once and shared by every
  * worker pulling it (server-side error feedback advances once). */
 static terse_status current_blob(terse_ps *ps, terse__ps_shard *sh, terse__ps_blob **out) {
-    if (sh->cur && sh->cur->version == sh->version) {
+    if (sh->cur && sh->cur->version == sh->version && !sh->ahead_dirty) {
         *out = sh->cur;
         return TERSE_OK;
     }
@@ -186,7 +186,9 @@ static terse_status current_blob(terse_ps *ps, terse__ps_shard *sh, terse__ps_bl
     }
     uint64_t t0 = terse__now_ns();
     const float *from = sh->value;
-    if (sh->vsum) { /* update dana: the look-ahead (scratch holds no push now) */
+    sh->ahead_dirty = 0;
+    if (sh->vsum) { /* update dana: the look-ahead (a push decoded into scratch was applied or
+                     * refused, and its sentence written, before any pull is served) */
         const float lr = terse__ps_lr_at(&ps->cfg, sh->version / (uint64_t)ps->nworkers);
         terse__ps_dana_ahead(ps->scratch, sh->value, sh->vsum, sh->nfloats, lr * ps->stale_mu);
         from = ps->scratch;
@@ -232,6 +234,17 @@ static terse_status serve_pull(terse_ps *ps, int cv) {
         memcpy(sh->kept[w], sh->value, sh->nfloats * sizeof(float));
     }
     return send_reply(ps, cv, TERSE_OK, sh->version, b, stale, NULL);
+}
+
+void terse__ps_dana_forget(terse_ps *ps, int w) {
+    for (size_t k = 0; k < ps->nkeys; k++) {
+        terse__ps_shard *sh = ps->keys[k]->shard;
+        if (!sh || !sh->wmom || !sh->wmom[w]) continue;
+        for (size_t i = 0; i < sh->nfloats; i++) sh->vsum[i] -= sh->wmom[w][i];
+        free(sh->wmom[w]);
+        sh->wmom[w] = NULL;
+        sh->ahead_dirty = 1;
+    }
 }
 
 /* SSP: the clock every active worker must have pushed before a worker at
@@ -401,14 +414,16 @@ terse_status terse__ps_handle_push(terse_ps *ps, int cv) {
     size_t bad = terse__ps_first_nonfinite(ps->scratch, sh->nfloats);
     if (bad < sh->nfloats) {
         /* Not applied, but this clock is over for w (its clock moves on):
-         * ssp's slowest-worker bound must not wait for it. */
+         * ssp's slowest-worker bound must not wait for it. The value is
+         * read first: the wake may serve pulls, which use scratch. */
+        const double badv = (double)ps->scratch[bad];
         if (clock + 1 > sh->pushed[w]) sh->pushed[w] = clock + 1;
         TERSE_CHECK(terse__ps_wake(ps, key)); /* ssp's bound, and pulls behind it */
         return terse__ps_refuse(
             ps, cv, R_NONFINITE,
             "key %zu's push holds %g at element %zu of the server's part: it was not "
             "applied",
-            key, (double)ps->scratch[bad], bad);
+            key, badv, bad);
     }
     /* The stale-push rule (terse.h, Stale pushes); amom is in stale_mu. */
     float weight = 1.0f / (float)ps->nworkers;
@@ -515,6 +530,7 @@ terse_status terse__ps_handle_header(terse_ps *ps, int cv) {
     }
     if (h.op == TERSE__PS_FINISH) {
         terse__ps_wk(ps, w)->finished = 1;
+        terse__ps_dana_forget(ps, w);
         TERSE_CHECK(send_reply(ps, cv, TERSE_OK, 0, NULL, 0, NULL));
         /* Fewer active workers: a sync step may now be complete. */
         for (size_t k = 0; k < ps->nkeys; k++)

@@ -67,11 +67,12 @@ terse_status terse__ps_shard_init(terse_ps *ps, terse__ps_key *k, const float *i
     if (sh->wmom && !(sh->vsum = calloc(sh->nfloats, sizeof(float))))
         return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory for %zu floats",
                            sh->nfloats);
-    if (ps->cfg.update == TERSE_PS_UPDATE_SGD && ps->cfg.momentum > 0.0f)
-        sh->mom = calloc(sh->nfloats, sizeof(float));
+    const int shared_mom = ps->cfg.update == TERSE_PS_UPDATE_SGD && ps->cfg.momentum > 0.0f &&
+                           !sh->wmom; /* dana: per worker */
+    if (shared_mom) sh->mom = calloc(sh->nfloats, sizeof(float));
     if (ps->agg->needs_center) sh->center = calloc(sh->nfloats, sizeof(float));
     sh->opened_ns = terse__now_ns();
-    if (!sh->value || (ps->cfg.update == TERSE_PS_UPDATE_SGD && ps->cfg.momentum > 0.0f && !sh->mom) ||
+    if (!sh->value || (shared_mom && !sh->mom) ||
         (ps->agg->needs_center && !sh->center))
         return TERSE_ERROR(TERSE_ERR_NOMEM, "terse_ps_declare: no memory for %zu floats",
                            sh->nfloats);
