@@ -133,12 +133,18 @@ terse_status terse__comm_desc_check(terse_comm *c) {
 }
 
 /* A failure in the data that another rank's disagreement explains: that
- * rank's word through the store, if it comes within 250 ms (a loss is not
- * that word: the data path's own sentence stays). */
+ * rank's word through the store, if it comes within TOLD_GRACE_NS (a loss
+ * is not that word: the data path's own sentence stays). The rank that
+ * compares the descriptor of the rank whose arguments differ may be two
+ * hops away and busy: under ASan with 4 ranks on 2 cores its word came 276
+ * ms after a rank's own failure, which then left first and was reported
+ * lost to the others. The wait ends as soon as the word comes, and only a
+ * call whose data already failed (not a timeout or a loss) waits. */
+#define TOLD_GRACE_NS 2000000000ull
 static terse_status told_cause(terse_comm *c, terse_status s) {
     if (!c->store || c->store_said || s == TERSE_ERR_TIMEOUT || s == TERSE_ERR_PEER_LOST)
         return s; /* the store's word already, or asked for it (comm.c, explain) */
-    return terse__comm_explain(c, s, 250000000ull, 1);
+    return terse__comm_explain(c, s, TOLD_GRACE_NS, 1);
 }
 
 terse_status terse__comm_desc_end(terse_comm *c, terse_status s) {

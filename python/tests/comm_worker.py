@@ -246,7 +246,8 @@ elif scenario == "ps_rules":
             ps.finish()
     bad = {"nesterov": dict(mode="async", stale_rule="nesterov"),       # terse_ps_config_parse
            "dc_lambda -1": dict(mode="async", stale_rule="dc", dc_lambda=-1.0),  # create
-           "\"update\" for sync": dict(mode="sync", stale_rule="step")}
+           "\"update\" for sync": dict(mode="sync", stale_rule="step"),
+           "\"dana\" (a momentum per worker) combines": dict(mode="async", stale_rule="dana+step")}
     for name, kw in bad.items():
         try:
             terse.PS(comm, num_servers=1, update="sgd", lr=0.1, **kw).close()
