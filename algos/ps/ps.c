@@ -191,16 +191,18 @@ static terse_status check_rules(const terse_ps_config *c) {
                            "async or ssp mode: sync mode has no stale pushes",
                            (unsigned)c->stale_rule);
     const int r = stale_rule_of(c);
-    if ((r & TERSE_PS_STALE_PLAIN) && r != TERSE_PS_STALE_PLAIN)
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "terse_ps_create: the stale-push rule \"plain\" combines with no other "
-                           "(stale_rule 0x%x%s)",
-                           (unsigned)c->stale_rule, c->lr_scale ? ", and lr_scale=1 is \"step\"" : "");
-    if ((r & TERSE_PS_STALE_DANA) && r != TERSE_PS_STALE_DANA)
-        return TERSE_ERROR(TERSE_ERR_INVALID,
-                           "terse_ps_create: the stale-push rule \"dana\" (a momentum per "
-                           "worker) combines with no other (stale_rule 0x%x%s)",
-                           (unsigned)c->stale_rule, c->lr_scale ? ", and lr_scale=1 is \"step\"" : "");
+    static const struct {
+        int flag;
+        const char *name;
+    } alone[] = {{TERSE_PS_STALE_PLAIN, "\"plain\""},
+                 {TERSE_PS_STALE_DANA, "\"dana\" (a momentum per worker)"}};
+    for (size_t i = 0; i < sizeof alone / sizeof *alone; i++)
+        if ((r & alone[i].flag) && r != alone[i].flag)
+            return TERSE_ERROR(TERSE_ERR_INVALID,
+                               "terse_ps_create: the stale-push rule %s combines with no other "
+                               "(stale_rule 0x%x%s)",
+                               alone[i].name, (unsigned)c->stale_rule,
+                               c->lr_scale ? ", and lr_scale=1 is \"step\"" : "");
     if (!(c->dc_lambda >= 0.0f && c->dc_lambda <= 1e6f))
         return TERSE_ERROR(TERSE_ERR_INVALID,
                            "terse_ps_create: dc_lambda %g must be a finite number in 0..1e6",
