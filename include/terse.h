@@ -579,18 +579,23 @@ typedef struct terse_comm terse_comm;
  *   TERSE_RING_CHUNK_BYTES  ring pipeline chunk (default 512 KiB).
  *   TERSE_RD_MAX_BYTES      dense buffers up to this size use recursive
  *                           doubling instead of the ring (default 64 KiB).
- *   TERSE_WIRE              auto (default) | mac | encrypt | none. mac: every data
+ *   TERSE_WIRE              auto (default) | mac | seal | none. mac: every data
  *                           chunk carries a 16-byte Poly1305 tag under
  *                           per-pair keys; a chunk that fails is dropped
  *                           and counted (stats.auth_failures) and, if the
  *                           real one never comes, the call fails with
  *                           TERSE_ERR_AUTH naming the peer. auto = mac on
  *                           tcp, verbs and efa, none on shm (its regions
- *                           are private to the user). encrypt: mac, and the
- *                           bytes are ChaCha20-encrypted too (sends pass
- *                           through 16 staging buffers of one chunk each;
- *                           not with providers that need registered
- *                           buffers). Compared at init.
+ *                           are private to the user). seal: mac, and the
+ *                           bytes are ChaCha20-encrypted too, for links
+ *                           others can read (ChaCha20-Poly1305 under the
+ *                           same per-pair keys, derived from the job token
+ *                           and fresh nonces: without the token the bytes
+ *                           cannot be read; sends pass through 16 staging
+ *                           buffers of one chunk each; not with providers
+ *                           that need registered buffers; its cost against
+ *                           mac: SECURITY.md). "encrypt", its earlier
+ *                           name, is the same mode. Compared at init.
  *   TERSE_PIPELINE_BYTES    the all-gather of compressed messages cuts the
  *                           tensor into pieces of this many fp32 bytes
  *                           (default 256k; rounded to the codec's buckets;
@@ -712,7 +717,7 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * them: messages are routed per peer, both completion queues are driven by
  * the one progress loop, and terse_comm_provider says "shm+net" (etc.).
  * Failure detection, timeouts and abort hold on both; TERSE_WIRE auto puts
- * MACs on the network side only (mac or encrypt: on both). A lost rank's
+ * MACs on the network side only (mac or seal: on both). A lost rank's
  * replacement (rejoin) opens no shm endpoint: the others reach it through
  * the network from then on. TERSE_TOPOLOGY=flat keeps one provider for
  * every pair (the behaviour before 0.4). When every rank is in one network

@@ -3,7 +3,9 @@
  * it delays the bytes, flips one, or forwards part of the stream and then
  * cuts both sides. Every collective gives the right sum or a specific
  * error naming the other rank -- never TERSE_OK with wrong data, never a
- * hang. (A connection dropped outright is tests/test_conn_drop.c.)
+ * hang. (A connection dropped outright is tests/test_conn_drop.c.) A
+ * relay that only reads along finds the ranks' data in the stream under
+ * TERSE_WIRE=mac and none of it under seal.
  *
  * How the relay gets in between: each rank advertises the relay's port as
  * its own. rxm learns its address from its listening socket, so this test
@@ -28,6 +30,7 @@ typedef struct relay_shared {
     int front[2]; /* the relay's listening ports, one per rank */
     int real[2];  /* the ranks' real endpoint ports, once known */
     long forwarded, flipped, cut;
+    long clear; /* MODE_WATCH: runs of the ranks' data seen in the stream */
 } relay_shared;
 
 static relay_shared *shared;
@@ -55,7 +58,21 @@ static void advertise_relay(int rank, const void *arg) {
     fake_port = shared->front[rank];
 }
 
-typedef enum { MODE_DELAY, MODE_FLIP, MODE_TRUNCATE } relay_mode;
+typedef enum { MODE_DELAY, MODE_FLIP, MODE_TRUNCATE, MODE_WATCH } relay_mode;
+
+/* MODE_WATCH: how many times the data tr_pattern_allreduce gives a rank
+ * (floats b, b + 1, b + 2, ... for b = 0..9) shows in one read: three
+ * such floats in a row, 12 bytes, never turn up by chance. */
+static long clear_runs(const char *buf, size_t n) {
+    long hits = 0;
+    for (int b = 0; b <= 9; b++) {
+        const float needle[3] = {(float)b, (float)(b + 1), (float)(b + 2)};
+        for (const char *p = buf, *end = buf + n;
+             (p = memmem(p, (size_t)(end - p), needle, sizeof needle)); p += sizeof needle)
+            hits++;
+    }
+    return hits;
+}
 
 static int listen_any(int *port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -144,6 +161,7 @@ static void relay_run(int lfd[2], relay_mode mode, long after, double seconds) {
                     continue;
                 }
                 if (mode == MODE_DELAY) usleep(2000); /* 2 ms per read: tens of MB/s */
+                if (mode == MODE_WATCH) shared->clear += clear_runs(buf, (size_t)got);
                 for (ssize_t off = 0; off < got;) {
                     ssize_t w = write(to, buf + off, (size_t)(got - off));
                     if (w <= 0) break;
@@ -166,8 +184,11 @@ static int relay_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
-static void run_relay(relay_mode mode, long after, const char *what) {
-    unsetenv("TERSE_WIRE");
+static void run_relay(relay_mode mode, long after, const char *what, const char *wire) {
+    if (wire)
+        setenv("TERSE_WIRE", wire, 1);
+    else
+        unsetenv("TERSE_WIRE");
     shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     cr_assert_neq(shared, MAP_FAILED);
     memset(shared, 0, sizeof *shared);
@@ -186,10 +207,11 @@ static void run_relay(relay_mode mode, long after, const char *what) {
     tr_before_init = advertise_relay;
     tr_out *o = tr_run(&job, relay_body, &seconds);
     tr_before_init = NULL;
+    unsetenv("TERSE_WIRE");
     kill(relay, SIGKILL);
     waitpid(relay, NULL, 0);
-    cr_log_info("%s: relay forwarded %ld bytes (flipped %ld, cut %ld)", what, shared->forwarded,
-                shared->flipped, shared->cut);
+    cr_log_info("%s: relay forwarded %ld bytes (flipped %ld, cut %ld, %ld runs of data in the "
+                "clear)", what, shared->forwarded, shared->flipped, shared->cut, shared->clear);
     cr_expect_gt(shared->forwarded, 1 << 20, "%s: the traffic did not go through the relay", what);
     for (int r = 0; r < 2; r++) {
         terse_status s = (terse_status)o[r].u[0];
@@ -197,7 +219,7 @@ static void run_relay(relay_mode mode, long after, const char *what) {
                     (unsigned long long)o[r].u[2], terse_status_name(s), o[r].err);
         cr_expect_eq(o[r].u[1], 0, "%s: rank %d: %llu calls returned TERSE_OK with a wrong sum",
                      what, r, (unsigned long long)o[r].u[1]);
-        if (mode == MODE_DELAY) {
+        if (mode == MODE_DELAY || mode == MODE_WATCH) {
             cr_expect_eq(s, TERSE_OK, "%s: rank %d failed: %s", what, r, o[r].err);
         } else if (s != TERSE_OK) {
             cr_expect(s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT || s == TERSE_ERR_AUTH ||
@@ -207,9 +229,16 @@ static void run_relay(relay_mode mode, long after, const char *what) {
                       "%s: rank %d does not name its peer: %s", what, r, o[r].err);
         }
     }
-    if (mode != MODE_DELAY)
+    if (mode == MODE_WATCH && wire && strcmp(wire, "seal") == 0)
+        cr_expect_eq(shared->clear, 0, "%s: a relay read the ranks' data %ld times", what,
+                     shared->clear);
+    else if (mode == MODE_WATCH) /* the control: it does find the data when it is there */
+        cr_expect_gt(shared->clear, 100, "%s: the relay found the ranks' data only %ld times",
+                     what, shared->clear);
+    const int faulty = mode == MODE_FLIP || mode == MODE_TRUNCATE;
+    if (faulty)
         cr_expect(shared->flipped || shared->cut, "%s: the fault was never injected", what);
-    if (mode != MODE_DELAY)
+    if (faulty)
         cr_expect(o[0].u[0] != TERSE_OK || o[1].u[0] != TERSE_OK,
                   "%s: no rank noticed the fault", what);
     tr_release(o);
@@ -217,13 +246,18 @@ static void run_relay(relay_mode mode, long after, const char *what) {
 }
 
 Test(relay, a_relay_that_delays_every_read_changes_no_result_tcp) {
-    run_relay(MODE_DELAY, 0, "delay");
+    run_relay(MODE_DELAY, 0, "delay", NULL);
+}
+
+Test(relay, a_relay_reads_the_data_under_mac_and_none_of_it_under_seal_tcp) {
+    run_relay(MODE_WATCH, 0, "watch, mac", "mac");
+    run_relay(MODE_WATCH, 0, "watch, seal", "seal");
 }
 
 Test(relay, a_flipped_byte_mid_stream_gives_a_named_error_never_a_wrong_sum_tcp) {
-    run_relay(MODE_FLIP, 3 << 20, "flip");
+    run_relay(MODE_FLIP, 3 << 20, "flip", NULL);
 }
 
 Test(relay, a_stream_cut_mid_message_gives_a_named_error_tcp) {
-    run_relay(MODE_TRUNCATE, (5 << 20) + 777, "truncate");
+    run_relay(MODE_TRUNCATE, (5 << 20) + 777, "truncate", NULL);
 }

@@ -144,8 +144,14 @@ Test(wire_auth, shm_defaults_to_none_and_mac_can_be_asked_for) {
     unsetenv("TERSE_WIRE");
 }
 
-/* TERSE_WIRE=encrypt: results exactly as without it (dense, a codec, small
- * injected messages, several sizes), and an altered chunk fails as with mac. */
+/* TERSE_WIRE=seal: results exactly as without it (dense, a codec, small
+ * injected messages, several sizes), and an altered chunk fails as with mac.
+ * Rank 1 asks for it by its earlier name, encrypt: the same mode. */
+static void seal_on_0_encrypt_on_1(int rank, const void *arg) {
+    (void)arg;
+    setenv("TERSE_WIRE", rank ? "encrypt" : "seal", 1);
+}
+
 static int encrypt_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     const int r = terse_comm_rank(c);
@@ -171,23 +177,26 @@ static int encrypt_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
-Test(wire_auth, encrypt_gives_the_same_results_and_refuses_altered_chunks_tcp) {
-    setenv("TERSE_WIRE", "encrypt", 1);
+Test(wire_auth, seal_gives_the_same_results_and_refuses_altered_chunks_tcp) {
     tr_job job = {"tcp", 2, 2000, 30, -1};
+    tr_before_init = seal_on_0_encrypt_on_1;
     tr_out *o = tr_run(&job, encrypt_body, NULL);
+    tr_before_init = NULL;
     unsetenv("TERSE_WIRE");
-    cr_expect_eq(o[0].u[3], 1, "encrypt did not authenticate");
+    cr_expect_eq(o[0].u[3], 1, "seal did not authenticate");
     for (int r = 0; r < 2; r++)
-        cr_expect_eq(o[r].u[1], 0, "rank %d: %llu wrong elements under encrypt", r,
+        cr_expect_eq(o[r].u[1], 0, "rank %d: %llu wrong elements under seal", r,
                      (unsigned long long)o[r].u[1]);
     cr_expect_eq(o[0].u[0], TERSE_ERR_AUTH, "rank 0 returned %llu: %s",
                  (unsigned long long)o[0].u[0], o[0].err);
     tr_release(o);
 }
 
-/* encrypt's primitive on one rank's fabric: the ciphertext is not the
+/* seal's primitive on one rank's fabric: the ciphertext is not the
  * plaintext, it opens back to it, and one flipped bit -- in the bytes, the
- * tag, the nonce's epoch or chunk -- makes it fail. */
+ * tag, the nonce's epoch or chunk -- makes it fail; so does the same chunk
+ * replayed as another collective's, and keys from another token (which
+ * cannot read it: what they open is refused, never handed over). */
 #include "transport/fabric_impl.h"
 
 Test(wire_auth, sealed_chunks_are_ciphertext_and_open_only_unaltered) {
@@ -218,6 +227,20 @@ Test(wire_auth, sealed_chunks_are_ciphertext_and_open_only_unaltered) {
     memcpy(work, sealed, N);
     cr_expect(!terse__fabric_open_sealed(f, &r, 3, work, N, tag), "another epoch opened");
     r.epoch = 9;
+    r.tag = 0x123457;
+    memcpy(work, sealed, N);
+    cr_expect(!terse__fabric_open_sealed(f, &r, 3, work, N, tag),
+              "the chunk opened as another collective's (a replay)");
+    r.tag = 0x123456;
+    terse__fabric *g = NULL;
+    cr_assert_eq(terse__fabric_open("tcp", 1, 0, 1, &g), TERSE_OK, "%s", terse_last_error());
+    cr_assert_eq(terse__fabric_set_keys(g, "another-token-of-20-b", nonce, 1), TERSE_OK, "%s",
+                 terse_last_error());
+    memcpy(work, sealed, N);
+    cr_expect(!terse__fabric_open_sealed(g, &r, 3, work, N, tag), "another token's keys opened it");
+    terse__fabric_close(g);
+    memcpy(work, sealed, N);
+    cr_expect(terse__fabric_open_sealed(f, &r, 3, work, N, tag), "the untouched chunk no longer opens");
     tag[0] ^= 1;
     memcpy(work, sealed, N);
     cr_expect(!terse__fabric_open_sealed(f, &r, 3, work, N, tag), "a flipped tag opened");

@@ -212,7 +212,7 @@ int terse__fabric_is_abandoned(const terse__fabric *f);
 
 /* From now on every chunk carries a Poly1305 tag under per-pair keys
  * derived from token and every rank's nonce (nranks x TERSE__WIRE_NONCE
- * bytes, rank order); with encrypt, its bytes are also encrypted
+ * bytes, rank order); with encrypt (TERSE_WIRE=seal), its bytes are also encrypted
  * (ChaCha20), through a bounded pool of staging buffers on the send side
  * and in place on the receive side. Call after set_peers and before any
  * message; every rank must, alike. */

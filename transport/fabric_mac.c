@@ -154,7 +154,7 @@ static terse_status set_keys(terse__fabric *f, const terse__fabric *from, const 
         TERSE_CHECK(pair_keys(f, f->wire_nonce, nonces + p * TERSE__WIRE_NONCE, (int)p));
     if (encrypt && f->register_mr)
         return TERSE_ERROR(TERSE_ERR_UNSUPPORTED,
-                           "rank %d: TERSE_WIRE=encrypt is not built for providers that need "
+                           "rank %d: TERSE_WIRE=seal is not built for providers that need "
                            "registered buffers (%s)", f->rank, f->provider);
     if (encrypt) TERSE_CHECK(make_stages(f));
     f->mac = 1;

@@ -95,7 +95,7 @@ typedef struct terse__params {
     size_t ring_chunk_bytes; /* TERSE_RING_CHUNK_BYTES, default 512 KiB */
     size_t chunk_bytes;      /* TERSE_CHUNK_BYTES (transport), default 1 MiB */
     int progress_caller;     /* TERSE_PROGRESS=caller (rank-local: not agreed) */
-    size_t wire;             /* TERSE_WIRE: 0 auto, 1 none, 2 mac, 3 encrypt (agreed) */
+    size_t wire;             /* TERSE_WIRE: 0 auto, 1 none, 2 mac, 3 seal (agreed) */
     size_t compressed_algo;  /* TERSE_COMPRESSED_ALGO: 0 auto, 1 gather, 2 rs (agreed) */
     size_t pipeline_bytes;   /* TERSE_PIPELINE_BYTES: fp32 bytes a piece of the pipelined
                                 all-gather holds (0: never cut), default 256 KiB (agreed) */

@@ -46,10 +46,11 @@ terse_status terse__params_read(int rank, terse__params *p) {
     int simd_cap = 0;
     if (s == TERSE_OK) s = terse__env_choice("TERSE_PROGRESS", modes, 0, &p->progress_caller);
     if (s == TERSE_OK) s = terse__env_choice("TERSE_SIMD", simd, 0, &simd_cap);
-    static const char *const wires[] = {"auto", "none", "mac", "encrypt", NULL};
+    /* seal (issue 28's name) and encrypt (its name before) are one mode */
+    static const char *const wires[] = {"auto", "none", "mac", "seal", "encrypt", NULL};
     int wire = 0;
     if (s == TERSE_OK) s = terse__env_choice("TERSE_WIRE", wires, 0, &wire);
-    p->wire = (size_t)wire;
+    p->wire = (size_t)(wire == 4 ? 3 : wire);
     static const char *const algos[] = {"auto", "gather", "rs", NULL};
     int algo = 0;
     if (s == TERSE_OK) s = terse__env_choice("TERSE_COMPRESSED_ALGO", algos, 0, &algo);
@@ -87,7 +88,7 @@ terse_status terse__params_agree(terse_comm *c, int timeout_ms) {
             uint64_t theirs = terse__get_u64(all + (size_t)r * sizeof blob + 8 * (size_t)i);
             if (theirs == mine[i]) continue;
             if (i == 3) {
-                static const char *const w[] = {"auto", "none", "mac", "encrypt"};
+                static const char *const w[] = {"auto", "none", "mac", "seal"};
                 s = TERSE_ERROR(TERSE_ERR_INVALID,
                                 "TERSE_WIRE is %s on rank %d but %s on rank %d; set it alike on "
                                 "every rank (or unset it everywhere)",
