@@ -8,7 +8,9 @@
 # right and both host links carried the job; uneven blocks (3 ranks on 2
 # hosts: 2 + 1); and that no namespace terse-run created (and with it no
 # veth or bridge: they live only inside them) remains after a normal run,
-# after a rank is killed mid-run, and after terse-run gets SIGTERM.
+# after a rank is killed mid-run, and after terse-run gets SIGTERM; and
+# that those a SIGKILLed terse-run left are removed by the next one, and a
+# running one's are not.
 # Every run is bounded by `timeout`.
 #
 # Exit 0 pass, 1 fail, 77 skip (not root, or no network namespaces / veth).
@@ -22,8 +24,10 @@ netns_probe "terse-run --hosts"
 unset TERSE_PROVIDER TERSE_TIMEOUT_MS TERSE_TOPOLOGY TERSE_HOST
 work=$(mktemp -d)
 launchers=() # terse-run pids whose namespaces must be gone
+stale=()     # namespaces this script makes as a killed launcher's leftovers
 cleanup() {
     local p ns
+    for ns in "${stale[@]}"; do ip netns del "$ns" 2>/dev/null; done
     for p in "${launchers[@]}"; do
         kill -KILL "$p" 2>/dev/null
         for ns in $(ip netns list 2>/dev/null | cut -d" " -f1 | grep "^trh$p-"); do
@@ -167,9 +171,36 @@ finish killed
 [[ $rc == 137 ]] && ok "killed: terse-run exited 137" || { fail "killed: exit $rc, want 137"; show killed; }
 no_leftovers killed
 
-# --- SIGTERM to terse-run mid-run: forwarded, hosts removed
-start term --hosts 2 -n 4 --timeout-ms 30000 "$TIME" 1048576 1000
-wait_ranks term && kill -TERM "$tr_pid"
+# --- SIGTERM to terse-run mid-run: forwarded, hosts removed. While it runs,
+# another terse-run --hosts sweeps what a SIGKILLed launcher left (made here:
+# namespaces named after a pid that is gone, and after this script's shell,
+# which is no terse-run) and leaves the running launcher's alone.
+start term --hosts 2 -n 4 --timeout-ms 30000 "$TIME" 8388608 1000
+if wait_ranks term; then
+    term_pid=$tr_pid term_bg=$bg term_t0=$t0
+    sleep 0 &
+    gone=$!
+    wait "$gone"
+    stale=("trh$gone-0" "trh$gone-hub" "trh$$-1")
+    for ns in "${stale[@]}"; do ip netns add "$ns" || fail "sweep: cannot make $ns"; done
+    start sweep --hosts 2 -n 2 --timeout-ms 30000 "$CHECK"
+    finish sweep
+    [[ $rc == 0 ]] || { fail "sweep: exit $rc"; show sweep; }
+    for ns in "${stale[@]}"; do
+        if ip netns list | cut -d" " -f1 | grep -qx "$ns"; then
+            fail "sweep: the stale namespace $ns is still there"
+        elif ! grep -q "removed network namespace $ns, left behind by terse-run" "$work/sweep.err"; then
+            fail "sweep: $ns went without its line"
+        fi
+    done
+    for h in 0 1 hub; do
+        ip netns list | cut -d" " -f1 | grep -qx "trh$term_pid-$h" ||
+            fail "sweep: removed trh$term_pid-$h of a terse-run that still runs"
+    done
+    [[ $failures == 0 ]] && ok "sweep: stale namespaces removed with a line each, a running job's kept"
+    tr_pid=$term_pid bg=$term_bg t0=$term_t0
+    kill -TERM "$tr_pid"
+fi
 finish term
 [[ $rc == 143 ]] && ok "term: terse-run exited 143" || { fail "term: exit $rc, want 143"; show term; }
 no_leftovers term

@@ -9,7 +9,9 @@
  * scripts use 10.77, 10.250 and 10.251); nothing is routed anywhere else.
  * The commands are iproute2's ip and tc, run by fork/exec and checked one by
  * one; removing the namespaces removes the veths, the bridge and the qdiscs
- * with them. */
+ * with them. A terse-run killed with SIGKILL cannot remove its namespaces; the
+ * next terse-run --hosts removes those whose launcher is gone. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <net/if.h>
@@ -188,6 +190,48 @@ static int shape(const char *ns, const char *dev, const char *rate, const char *
     return run_cmd(tbf, 0);
 }
 
+/* Is pid a running terse-run? (Its namespaces are in use then.) A pid
+ * that no longer exists, or that now belongs to another program, is not. */
+static int launcher_alive(long pid) {
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 0;
+    char path[64], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/%ld/comm", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1; /* cannot tell: leave it */
+    int got = fgets(comm, sizeof comm, f) != NULL;
+    fclose(f);
+    if (!got) return 1;
+    comm[strcspn(comm, "\n")] = 0;
+    return strcmp(comm, "terse-run") == 0;
+}
+
+/* Namespaces an earlier terse-run left behind when it was killed with
+ * SIGKILL (which it cannot catch): trh<pid>-<h> and trh<pid>-hub whose
+ * launcher is gone. Removed, each with a line; those of a terse-run that
+ * still runs are left alone. */
+static void sweep_stale(long self) {
+    DIR *d = opendir(NETNS_DIR);
+    if (!d) return;
+    const char *ip = find_tool("ip");
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long pid = 0;
+        int used = 0;
+        char rest[8] = "";
+        if (sscanf(e->d_name, "trh%ld-%n", &pid, &used) != 1 || used == 0 || pid <= 0 ||
+            pid == self || strlen(e->d_name + used) >= sizeof rest)
+            continue;
+        snprintf(rest, sizeof rest, "%s", e->d_name + used);
+        int host = rest[0] != 0 && strspn(rest, "0123456789") == strlen(rest);
+        if ((!host && strcmp(rest, "hub") != 0) || launcher_alive(pid)) continue;
+        const char *del[] = {ip, "netns", "del", e->d_name, NULL};
+        if (run_cmd(del, 1) == 0)
+            fprintf(stderr, "terse-run: removed network namespace %s, left behind by terse-run %ld, "
+                            "which is gone\n", e->d_name, pid);
+    }
+    closedir(d);
+}
+
 int terse__run_hosts_up(terse__run_job *job, int (*interrupted)(void)) {
     const int H = job->nhosts;
     const char *ip = find_tool("ip");
@@ -206,6 +250,7 @@ int terse__run_hosts_up(terse__run_job *job, int (*interrupted)(void)) {
         fprintf(stderr, "terse-run: out of memory for %d hosts\n", H);
         return -1;
     }
+    sweep_stale((long)job->launcher);
     snprintf(job->host_if, sizeof job->host_if, "%s", HOST_IF);
     for (int i = 0; i <= H; i++) {
         if (i < H)
