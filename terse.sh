@@ -26,7 +26,7 @@ cd "$(dirname "$0")"
 PACKAGES=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
           libopenblas-dev liblapacke-dev libcriterion-dev zlib1g-dev libfabric-dev
           libfabric-bin libssl-dev iproute2 openmpi-bin libopenmpi-dev dataset-fashion-mnist gnuplot-nox binutils
-          python3-torch python3-numpy python3-pytest)
+          python3-torch python3-numpy python3-pytest python3-mpi4py)
 
 usage() {
     sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'

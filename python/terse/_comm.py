@@ -2,6 +2,8 @@
 and started), groups, and the requests they return."""
 
 import ctypes
+import secrets
+import socket
 import threading
 
 from . import _capi
@@ -154,6 +156,50 @@ class Comm(_Closing):
             _raise(st, "terse.Comm")
         self.host_index, self.local_rank, self.local_size, self.num_hosts = (
             v.value for v in vals)
+
+    @classmethod
+    def from_mpi(cls, comm=None, addr=None, provider=None, token=None,
+                 timeout_ms=None, init_timeout_ms=None):
+        """A terse.Comm over the ranks of an mpi4py communicator (default
+        mpi4py's MPI.COMM_WORLD), for jobs started by mpirun: terse's rank r
+        is comm's rank r and its size comm's size. Collective over comm:
+        every rank of it calls this, and comm carries the bootstrap store's
+        address and the job token from comm's rank 0 to the others.
+
+        addr: the store's "host:port", on comm's rank 0 (default:
+        127.0.0.1 and a free port when every rank of comm runs on rank 0's
+        machine, by MPI.Get_processor_name; else rank 0's host name, which
+        must resolve to an address the other hosts reach, and a free port).
+        token: default 32 random bytes drawn on rank 0 and sent over comm;
+        pass one of your own (the same on every rank) when comm's network is
+        not one you trust with it. provider, timeout_ms, init_timeout_ms: as
+        for terse.Comm. Raises the same error on every rank when rank 0
+        cannot set up the store's address; an error of terse_comm_init
+        raises on the ranks that meet it (the others then time out)."""
+        if comm is None:
+            from mpi4py import MPI  # only when asked: terse does not need MPI
+            comm = MPI.COMM_WORLD
+        for m in ("Get_rank", "Get_size", "bcast", "allgather"):
+            if not callable(getattr(comm, m, None)):
+                raise TypeError("terse.Comm.from_mpi: comm must be an mpi4py communicator "
+                                "(it has no %s)" % m)
+        rank, size = comm.Get_rank(), comm.Get_size()
+        names = comm.allgather(_processor_name())
+        plan = None
+        if rank == 0:
+            try:
+                plan = (_store_addr(addr, all(n == names[0] for n in names)),
+                        None if token is not None else secrets.token_hex(32), None)
+            except (OSError, ValueError) as e:
+                plan = (None, None, "terse.Comm.from_mpi: rank 0 cannot set up the bootstrap "
+                                    "store's address: %s" % e)
+        store, tok, why = comm.bcast(plan, root=0)
+        if why:
+            raise ValueError(why)
+        if token is not None:
+            tok = token  # every rank's own; a mismatch fails authentication at init
+        return cls(rank=rank, size=size, addr=store, provider=provider, token=tok,
+                   timeout_ms=timeout_ms, init_timeout_ms=init_timeout_ms)
 
     def _handle(self):
         if not self._h:
@@ -323,6 +369,44 @@ class Comm(_Closing):
 
     def reset_stats(self):
         _lib.terse_comm_reset_stats(self._handle())
+
+
+def _processor_name():
+    try:
+        from mpi4py import MPI
+        return MPI.Get_processor_name()
+    except ImportError:  # a stand-in comm: the host name
+        return socket.gethostname()
+
+
+def _store_addr(addr, one_host):
+    """from_mpi's store address on rank 0: addr as given, else loopback (one
+    host) or this host's name, with a port free right now."""
+    port = 0
+    if addr is not None:  # checked here, so that every rank hears what is wrong
+        host, sep, p = str(addr).rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not p.isdigit() or not 0 < int(p) < 65536:
+            raise ValueError("addr=%r is not host:port with a port of 1-65535" % (addr,))
+        port = int(p)
+    else:
+        host = "127.0.0.1" if one_host else socket.gethostname()
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise ValueError("the host %r does not resolve (%s)" % (host, e)) from None
+    ip = info[4][0]
+    if addr is None and not one_host and ip.startswith("127."):
+        raise ValueError("the ranks run on several hosts, but this host's name %r resolves to "
+                         "the loopback address %s, which the others cannot reach; pass "
+                         "addr='host:port' with an address they can" % (host, ip))
+    with socket.socket(info[0], socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(info[4])  # the store binds here next: fails now, with a reason, if it would
+        port = s.getsockname()[1]
+    if addr is not None:
+        return addr
+    return "%s:%d" % (host, port)
 
 
 def _cap(v):
