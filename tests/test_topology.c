@@ -439,6 +439,77 @@ Test(routed, broadcast_crosses_between_hosts_once_whatever_the_placement) {
     check_bcast_order(NULL, 1);
 }
 
+/* Rings in host order (comm.h ring_at): 6 ranks on hosts a b a b a a (4 +
+ * 2, interleaved: unequal hosts take the flat algorithms). The ring runs
+ * 0 2 4 5 1 3, crossing between the hosts at 2 of its 6 hops, where rank
+ * order crossed at 4: the network endpoints carry exactly 2 hops' worth of
+ * a dense ring all-reduce (2 (N-1) segments of n/N floats per hop) and of
+ * an all-gather (N-1 blocks and their 16-byte size records per hop), and
+ * the results are exact. u[0], u[1]: network bytes this rank sent in the
+ * all-reduce and the all-gather; u[2]: wrong results; u[3]: the path is the
+ * dense ring. */
+#define RING_N ((size_t)6 * 196608) /* floats: 6 equal segments */
+#define RING_B 300000u              /* all-gather block bytes */
+
+static int ring_order_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c), N = terse_comm_size(c);
+    float *x = malloc(RING_N * sizeof *x);
+    uint8_t *all = malloc((size_t)N * RING_B), *mine = malloc(RING_B);
+    if (!x || !all || !mine) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
+    for (size_t i = 0; i < RING_N; i++) x[i] = (float)((int)(i % 977) + 3 * r);
+    o->u[3] = strcmp(terse_allreduce_algorithm(c, NULL, RING_N), "dense-ring") == 0;
+    TR_CALL(o, terse_barrier(c));
+    uint64_t before = c->fabric->bytes_sent;
+    TR_CALL(o, terse_allreduce(c, x, RING_N, NULL, TERSE_OP_SUM));
+    o->u[0] = c->fabric->bytes_sent - before;
+    for (size_t i = 0; i < RING_N; i++)
+        if (x[i] != (float)(N * (int)(i % 977) + 3 * N * (N - 1) / 2)) {
+            o->u[2]++;
+            break;
+        }
+    for (size_t i = 0; i < RING_B; i++) mine[i] = (uint8_t)(i * 13 + (size_t)r);
+    TR_CALL(o, terse_barrier(c));
+    before = c->fabric->bytes_sent;
+    TR_CALL(o, terse_allgather(c, mine, RING_B, all, (size_t)N * RING_B, NULL));
+    o->u[1] = c->fabric->bytes_sent - before;
+    for (int q = 0; q < N; q++)
+        for (size_t i = 0; i < RING_B; i++)
+            if (all[(size_t)q * RING_B + i] != (uint8_t)(i * 13 + (size_t)q)) {
+                o->u[2]++;
+                q = N;
+                break;
+            }
+    free(x), free(all), free(mine);
+    return 0;
+}
+
+Test(routed, rings_cross_between_hosts_once_per_host_whatever_the_placement) {
+    host_setup h = {.host = {"a", "b", "a", "b", "a", "a"}, .own_shm_rank = -1};
+    setenv_size(6);
+    setenv("TERSE_CHECK_CALLS", "off", 1); /* its descriptors would count too */
+    tr_before_init = set_host;
+    tr_job job = {"tcp", 6, 20000, 90, -1};
+    tr_out *o = tr_run(&job, ring_order_body, &h);
+    unsetenv("TERSE_CHECK_CALLS");
+    const uint64_t N = 6, hops = 2;
+    uint64_t ar = 0, ag = 0;
+    for (int r = 0; r < 6; r++) {
+        cr_expect_eq(o[r].u[2], 0, "rank %d: a wrong result", r);
+        cr_expect_eq(o[r].u[3], 1, "rank %d: the all-reduce is not the dense ring", r);
+        ar += o[r].u[0], ag += o[r].u[1];
+    }
+    const uint64_t want_ar = hops * 2 * (N - 1) * (RING_N / N) * 4;
+    const uint64_t want_ag = hops * (N - 1) * (RING_B + 16);
+    cr_expect_eq(ar, want_ar, "the ring all-reduce sent %llu bytes between hosts, want %llu (%.2f "
+                              "hops' worth)", (unsigned long long)ar, (unsigned long long)want_ar,
+                 (double)ar / (double)(want_ar / hops));
+    cr_expect_eq(ag, want_ag, "the all-gather sent %llu bytes between hosts, want %llu (%.2f "
+                              "hops' worth)", (unsigned long long)ag, (unsigned long long)want_ag,
+                 (double)ag / (double)(want_ag / hops));
+    tr_release(o);
+}
+
 /* Rank 3 dies mid-loop: rank 2 reaches it through shm, ranks 0 and 1
  * through the network; every survivor fails naming it. */
 static int routed_kill_body(terse_comm *c, tr_out *o, const void *arg) {

@@ -1,8 +1,9 @@
 /* Ring all-gather of variable-size blocks, and terse_allgather on top of it.
  *
  * Block b (rank b's contribution) travels the ring once: at step t = 0 ..
- * N-2 each rank r sends block r - t to the right and receives block
- * r - t - 1 from the left into its final place, so the block a step sends
+ * N-2 the rank at ring position r (ring.h) sends the block of position
+ * r - t to the right and receives that of r - t - 1 from the left into its
+ * final place, so the block a step sends
  * is the one the previous step received (algos/coll/ring.h). Blocks are cut into
  * K chunks (K set by the largest block) and pipelined. Every rank sends
  * and receives N-1 blocks: the all-gather's bandwidth optimum.
@@ -20,12 +21,15 @@
 #include "common/error.h"
 
 typedef struct {
-    size_t N, r, K;
+    size_t N, r, K; /* r: this rank's ring position (ring.h) */
     const size_t *off, *len; /* per block; NULL: fixed blocks of `block` bytes */
     size_t block;
+    const int *at; /* the ring order (comm.h ring_at); NULL: rank order */
 } gather_plan;
 
-static void block_chunk(const gather_plan *p, size_t b, size_t k, size_t *off, size_t *len) {
+/* Chunk k of the block of the rank at ring position q. */
+static void block_chunk(const gather_plan *p, size_t q, size_t k, size_t *off, size_t *len) {
+    const size_t b = p->at ? (size_t)p->at[q] : q;
     size_t boff = p->off ? p->off[b] : b * p->block;
     size_t blen = p->len ? p->len[b] : p->block;
     size_t coff;
@@ -63,7 +67,7 @@ static terse_status run(terse_comm *c, uint8_t *buf, gather_plan *p, size_t max_
 /* Fixed blocks of `bytes` (framing): all[r * bytes ..] = rank r's `mine`. */
 terse_status terse__allgather_fixed(terse_comm *c, const void *mine, size_t bytes, void *all) {
     memcpy((uint8_t *)all + (size_t)c->rank * bytes, mine, bytes);
-    gather_plan p = {(size_t)c->nranks, (size_t)c->rank, 1, NULL, NULL, bytes};
+    gather_plan p = {(size_t)c->nranks, terse__ring_pos(c), 1, NULL, NULL, bytes, c->ring_at};
     return run(c, all, &p, bytes, TERSE__BYTES_FRAMING);
 }
 
@@ -76,7 +80,7 @@ terse_status terse__allgatherv_ring(terse_comm *c, uint8_t *buf, const size_t *o
     size_t max_block = 0;
     for (int r = 0; r < c->nranks; r++)
         if (len[r] > max_block) max_block = len[r];
-    gather_plan p = {(size_t)c->nranks, (size_t)c->rank, 1, off, len, 0};
+    gather_plan p = {(size_t)c->nranks, terse__ring_pos(c), 1, off, len, 0, c->ring_at};
     return run(c, buf, &p, max_block, TERSE__BYTES_PAYLOAD);
 }
 

@@ -30,8 +30,9 @@ void terse__reduce_add(float *restrict dst, const float *restrict src, size_t n,
 
 terse_status terse__ring_run(terse_comm *c, uint8_t *buf, const terse__ring_sched *s) {
     if (s->nops == 0) return TERSE_OK;
-    const int right = (c->rank + 1) % c->nranks;
-    const int left = (c->rank + c->nranks - 1) % c->nranks;
+    const int N = c->nranks, p = (int)terse__ring_pos(c);
+    const int right = c->ring_at ? c->ring_at[(p + 1) % N] : (c->rank + 1) % N;
+    const int left = c->ring_at ? c->ring_at[(p + N - 1) % N] : (c->rank + N - 1) % N;
     size_t depth = s->nchunks < RING_DEPTH ? s->nchunks : RING_DEPTH;
     if (depth == 0) depth = 1;
     size_t slot_bytes = (s->max_chunk_bytes + 63) & ~(size_t)63;

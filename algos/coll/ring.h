@@ -9,7 +9,11 @@
  * chunk the previous step received, i.e. op i sends what op i - K
  * received. The engine keeps up to `depth` <= K ops in flight, so op i - K
  * has completed (and been reduced) before op i is posted, while the
- * reduction of one chunk overlaps the transfer of the next ones. */
+ * reduction of one chunk overlaps the transfer of the next ones.
+ *
+ * The ring runs in the communicator's ring order (comm.h, ring_at): the
+ * neighbours are the ranks before and after this one's position, and a
+ * plan numbers its steps by c->ring_pos, not c->rank. */
 #ifndef TERSE_ALGOS_RING_H
 #define TERSE_ALGOS_RING_H
 
@@ -39,6 +43,12 @@ static inline size_t terse__chunks_for(size_t max_bytes, size_t chunk_bytes) {
  * 512 KiB, 4 KiB .. 1 GiB, whole cache lines), as agreed at init. */
 static inline size_t terse__ring_chunk_bytes(const terse_comm *c) {
     return c->params.ring_chunk_bytes;
+}
+
+/* This rank's position in the ring order (comm.h, ring_at): its rank
+ * unless the order differs from the rank order. */
+static inline size_t terse__ring_pos(const terse_comm *c) {
+    return (size_t)(c->ring_at ? c->ring_pos : c->rank);
 }
 
 /* What one op moves: byte ranges of the collective's buffer. */

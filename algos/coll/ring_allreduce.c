@@ -6,6 +6,9 @@
  * when n < N), and every segment into K chunks of at most the ring chunk
  * size. With r this rank, and all segment numbers mod N:
  *
+ * (r is this rank's position in the ring order, ring.h: its rank when the
+ * ranks sit in blocks of hosts.)
+ *
  *   Reduce-scatter, steps t = 0 .. N-2: send segment r - t to the right,
  *   receive segment r - t - 1 from the left and add it into our copy.
  *   Segment j thus starts at rank j and travels the ring once, picking up
@@ -63,7 +66,7 @@ terse_status terse__allreduce_ring(terse_comm *c, float *buf, size_t n, int divi
     size_t N = (size_t)c->nranks;
     if (n == 0 || N == 1) return TERSE_OK; /* x / 1 == x: nothing to divide */
     terse__comm_next_phase(c);
-    ring_plan p = {n, N, (size_t)c->rank, 1, divide};
+    ring_plan p = {n, N, terse__ring_pos(c), 1, divide}; /* segments by ring position */
     size_t max_seg = n / N + (n % N != 0); /* floats in the largest segment */
     p.K = terse__chunks_for(max_seg * sizeof(float), terse__ring_chunk_bytes(c));
     size_t max_chunk = max_seg / p.K + (max_seg % p.K != 0);

@@ -130,6 +130,13 @@ struct terse_comm {
     int uniform_hosts; /* every host holds local_size ranks */
     int one_net; /* every rank in this rank's network namespace (loopback reaches all) */
     int *host_of;
+    /* The rings' order (ring.c): ring_at[p] is the rank at position p and
+     * ring_pos this rank's position; hosts in index order, each host's
+     * ranks ascending, so a ring crosses between hosts once per host
+     * wherever the launcher put the ranks. NULL (rank order) when that is
+     * the rank order, with one host, or under TERSE_TOPOLOGY=flat. */
+    int *ring_at;
+    int ring_pos;
 
     uint64_t seq;         /* bumped once per collective phase, on every rank */
     uint64_t store_lost_ns; /* when the store first reported a loss (0: never) */

@@ -162,6 +162,30 @@ static void ranks_of(const int *host_of, int nranks, int h, char *buf, size_t ca
     }
 }
 
+/* c->ring_at and ring_pos from c->host_of (comm.h). */
+static terse_status ring_order(terse_comm *c, int nhosts) {
+    free(c->ring_at);
+    c->ring_at = NULL;
+    c->ring_pos = c->rank;
+    if (nhosts < 2 || c->params.topology == 1) return TERSE_OK;
+    int *at = malloc((size_t)c->nranks * sizeof *at);
+    if (!at) return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating the ring order", c->rank);
+    int p = 0, moved = 0;
+    for (int h = 0; h < nhosts; h++)
+        for (int r = 0; r < c->nranks; r++) {
+            if (c->host_of[r] != h) continue;
+            if (r == c->rank) c->ring_pos = p;
+            moved |= r != p;
+            at[p++] = r;
+        }
+    if (!moved) { /* ranks in blocks: the rank order already */
+        free(at);
+        return TERSE_OK;
+    }
+    c->ring_at = at;
+    return TERSE_OK;
+}
+
 /* Group the table and check it; fills c's topology on success. */
 static terse_status group(terse_comm *c, const uint8_t *all) {
     const int N = c->nranks;
@@ -249,6 +273,7 @@ static terse_status group(terse_comm *c, const uint8_t *all) {
     free(c->host_of);
     c->host_of = host_of;
     host_of = NULL;
+    s = ring_order(c, nhosts);
 out:
     free(host_of);
     free(local);

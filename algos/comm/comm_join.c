@@ -397,6 +397,7 @@ void terse__comm_leave(terse_comm *c) {
     for (int i = 0; i < TERSE__COMM_SCRATCH; i++) free(c->scratch[i]);
     free(c->vmap);
     free(c->host_of);
+    free(c->ring_at);
     pthread_mutex_destroy(&c->lock);
     pthread_mutex_destroy(&c->stats_lock);
     free(c);
