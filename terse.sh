@@ -126,7 +126,8 @@ case "$cmd" in
         cmake --build build-tsan -j "$JOBS" --target tsan_engine
         for run in "thread tcp 2 abort" "thread shm 3 free" "thread tcp 3 free" \
                    "caller tcp 2 free" "caller shm 2 abort" "thread tcp 3 ps" \
-                   "caller shm 3 ps" "thread shm 3 colo" "caller shm 2 colo"; do
+                   "caller shm 3 ps" "thread shm 3 colo" "caller shm 2 colo" \
+                   "thread tcp 3 colo" "caller tcp 2 colo"; do
             # shellcheck disable=SC2086
             set -- $run
             TERSE_PROGRESS=$1 TSAN_OPTIONS=halt_on_error=1:exitcode=66 \

@@ -241,12 +241,24 @@ static void scan(terse__fabric *f, uint64_t now) {
         if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
         nfds++;
         int fd = atoi(e->d_name);
-        struct stat st;
-        if (fd == dirfd(r->dir) || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+        /* Is it a socket, and which (its inode)? From the descriptor's
+         * link, not fstat(fd): most descriptors here are not this
+         * endpoint's -- the application's, a colocated twin endpoint's
+         * that its own thread opens and closes meanwhile -- and a scan
+         * only reads their names, never uses them; the ones it closes
+         * are this endpoint's own (classify), which only this thread's
+         * progress opens. (ThreadSanitizer counts an fstat of another
+         * thread's new descriptor as a race.) */
+        char link[64];
+        unsigned long long ino;
+        ssize_t ln = readlinkat(dirfd(r->dir), e->d_name, link, sizeof link - 1);
+        if (fd == dirfd(r->dir) || ln <= 0) continue;
+        link[ln] = 0;
+        if (sscanf(link, "socket:[%llu]", &ino) != 1) continue;
         int kind = classify(r, fd);
         if (!kind || !grow(r, n + 1)) continue;
-        reap_seen *old = find_seen(r, st.st_ino), *s = &r->next[n];
-        *s = (reap_seen){st.st_ino, fd, kind == 2, now, r->passes};
+        reap_seen *old = find_seen(r, (ino_t)ino), *s = &r->next[n];
+        *s = (reap_seen){(ino_t)ino, fd, kind == 2, now, r->passes};
         if (old && old->orphan == s->orphan) {
             s->since_ns = old->since_ns;
             s->since_pass = old->since_pass;
