@@ -244,11 +244,12 @@ static void scan(terse__fabric *f, uint64_t now) {
         /* Is it a socket, and which (its inode)? From the descriptor's
          * link, not fstat(fd): most descriptors here are not this
          * endpoint's -- the application's, a colocated twin endpoint's
-         * that its own thread opens and closes meanwhile -- and a scan
-         * only reads their names, never uses them; the ones it closes
-         * are this endpoint's own (classify), which only this thread's
-         * progress opens. (ThreadSanitizer counts an fstat of another
-         * thread's new descriptor as a race.) */
+         * that its own thread opens and closes meanwhile. Of those a scan
+         * reads the link and, for sockets, the local address (classify),
+         * and leaves them alone; the ones it closes are this endpoint's
+         * own, which only this thread's progress opens. (ThreadSanitizer
+         * counted an fstat of another thread's new descriptor as a race:
+         * benign, for that reason.) */
         char link[64];
         unsigned long long ino;
         ssize_t ln = readlinkat(dirfd(r->dir), e->d_name, link, sizeof link - 1);
