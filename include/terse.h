@@ -722,15 +722,18 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * the network from then on. TERSE_TOPOLOGY=flat keeps one provider for
  * every pair (the behaviour before 0.4). When every rank is in one network
  * namespace (TERSE_HOST on one machine), tcp uses loopback.
- * Collectives: with several hosts of equal size, the dense all-reduce
- * above TERSE_RD_MAX_BYTES (at any size with TERSE_TOPOLOGY=hier) is
- * hierarchical -- reduce-scatter inside each host, the shards summed
- * across hosts (one rail per local rank, all at once), all-gather inside
- * each host; terse_allreduce_algorithm says "dense-hier" -- and so are the
+ * Collectives: with several hosts, some holding more than one rank, the
+ * dense all-reduce above TERSE_RD_MAX_BYTES (at any size with
+ * TERSE_TOPOLOGY=hier) is hierarchical -- reduce-scatter inside each host
+ * into S shards (S: the fewest ranks any host holds; local ranks 0..S-1
+ * own them), the shards summed across hosts (one rail per shard, all at
+ * once), all-gather inside each host; terse_allreduce_algorithm says
+ * "dense-hier" -- and so are the
  * dense sums inside codecs with rounds (powersgd) or a summable view
  * (randk). Codecs whose messages travel (fp16, bf16, int8, qsgd, sign,
  * ...) and that can be cut into local_size segments on their buckets take
- * the compressed hierarchical all-reduce under the same conditions (and
+ * the compressed hierarchical all-reduce under the same conditions, with
+ * hosts of equal size (and
  * TERSE_COMPRESSED_ALGO auto): an exact fp32 reduce-scatter inside each
  * host, each segment's host sum encoded once by the local rank that owns
  * it (error feedback: the codec's residual over that segment, kept by its
@@ -738,9 +741,11 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * fp32 all-gather inside each host; compression only between hosts, one
  * encode per host sum instead of one per rank; terse_allreduce_algorithm
  * says "codec-hier". Every rank still ends with the same bits (not the
- * flat paths': another summation order). Other codecs, broadcast,
- * all-gather, barrier, the parameter server and hosts of unequal size run
- * their flat algorithms over the routed pairs. terse_comm_topology gives this rank's host index, local
+ * flat paths': another summation order). Broadcast and the rings (the
+ * all-gather, the message exchanges of compressed all-reduces, the dense
+ * ring) run over the ranks in host order, so they cross between hosts once
+ * per host wherever the launcher put the ranks. Other codecs, barrier and
+ * the parameter server run their flat algorithms over the routed pairs. terse_comm_topology gives this rank's host index, local
  * rank, local size and the number of hosts (any pointer may be NULL; a
  * single rank is host 0 of 1, local rank 0 of 1). terse_comm_host_of gives
  * any rank's host index (-1 for a rank out of range). (Added in 0.4.) */

@@ -357,9 +357,16 @@ Test(routed, two_hosts_of_two_shm_inside_net_between) {
 }
 
 Test(routed, uneven_three_and_one) {
-    /* rank 1 is alone on its host: the network only */
+    /* rank 1 is alone on its host: the network only; hosts of unequal size
+     * take the hierarchical all-reduce with one shard (a leader a host) */
     host_setup h = {.host = {"a", "b", "a", "a"}, .own_shm_rank = -1};
-    check_routed(NULL, 4, &h, 0xd, 0); /* hosts of unequal size: flat algorithms */
+    check_routed(NULL, 4, &h, 0xd, 0xf);
+}
+
+Test(routed, uneven_two_and_three_interleaved) {
+    /* two shards: local ranks 0 and 1 own them, host b's third rank none */
+    host_setup h = {.host = {"b", "a", "b", "a", "b"}, .own_shm_rank = -1};
+    check_routed(NULL, 5, &h, 0x1f, 0x1f);
 }
 
 Test(routed, one_rank_a_host_is_not_routed) {
@@ -439,15 +446,17 @@ Test(routed, broadcast_crosses_between_hosts_once_whatever_the_placement) {
     check_bcast_order(NULL, 1);
 }
 
-/* Rings in host order (comm.h ring_at): 6 ranks on hosts a b a b a a (4 +
- * 2, interleaved: unequal hosts take the flat algorithms). The ring runs
- * 0 2 4 5 1 3, crossing between the hosts at 2 of its 6 hops, where rank
- * order crossed at 4: the network endpoints carry exactly 2 hops' worth of
- * a dense ring all-reduce (2 (N-1) segments of n/N floats per hop) and of
- * an all-gather (N-1 blocks and their 16-byte size records per hop), and
- * the results are exact. u[0], u[1]: network bytes this rank sent in the
- * all-reduce and the all-gather; u[2]: wrong results; u[3]: the path is the
- * dense ring. */
+/* 6 ranks on hosts a b a b a a (4 + 2, interleaved). The all-gather's ring
+ * runs in host order (comm.h ring_at), 0 2 4 5 1 3, crossing between the
+ * hosts at 2 of its 6 hops, where rank order crossed at 4: the network
+ * endpoints carry exactly 2 hops' worth (N-1 blocks and their 16-byte size
+ * records per hop). The dense all-reduce is hierarchical although the
+ * hosts differ in size (2 shards, owned by local ranks 0 and 1 of each
+ * host): each host's sum crosses once each way, 2 x n floats in all --
+ * against 2 hops' worth of a ring in host order (2 x 2 (N-1)/N n) and 4 in
+ * rank order. The results are exact. u[0], u[1]: network bytes this rank
+ * sent in the all-reduce and the all-gather; u[2]: wrong results; u[3]:
+ * the all-reduce's path is dense-hier. */
 #define RING_N ((size_t)6 * 196608) /* floats: 6 equal segments */
 #define RING_B 300000u              /* all-gather block bytes */
 
@@ -458,7 +467,7 @@ static int ring_order_body(terse_comm *c, tr_out *o, const void *arg) {
     uint8_t *all = malloc((size_t)N * RING_B), *mine = malloc(RING_B);
     if (!x || !all || !mine) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
     for (size_t i = 0; i < RING_N; i++) x[i] = (float)((int)(i % 977) + 3 * r);
-    o->u[3] = strcmp(terse_allreduce_algorithm(c, NULL, RING_N), "dense-ring") == 0;
+    o->u[3] = strcmp(terse_allreduce_algorithm(c, NULL, RING_N), "dense-hier") == 0;
     TR_CALL(o, terse_barrier(c));
     uint64_t before = c->fabric->bytes_sent;
     TR_CALL(o, terse_allreduce(c, x, RING_N, NULL, TERSE_OP_SUM));
@@ -484,7 +493,7 @@ static int ring_order_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
-Test(routed, rings_cross_between_hosts_once_per_host_whatever_the_placement) {
+Test(routed, uneven_interleaved_hosts_cross_once_per_host_allgather_and_allreduce) {
     host_setup h = {.host = {"a", "b", "a", "b", "a", "a"}, .own_shm_rank = -1};
     setenv_size(6);
     setenv("TERSE_CHECK_CALLS", "off", 1); /* its descriptors would count too */
@@ -496,14 +505,15 @@ Test(routed, rings_cross_between_hosts_once_per_host_whatever_the_placement) {
     uint64_t ar = 0, ag = 0;
     for (int r = 0; r < 6; r++) {
         cr_expect_eq(o[r].u[2], 0, "rank %d: a wrong result", r);
-        cr_expect_eq(o[r].u[3], 1, "rank %d: the all-reduce is not the dense ring", r);
+        cr_expect_eq(o[r].u[3], 1, "rank %d: the all-reduce is not dense-hier", r);
         ar += o[r].u[0], ag += o[r].u[1];
     }
-    const uint64_t want_ar = hops * 2 * (N - 1) * (RING_N / N) * 4;
+    const uint64_t want_ar = 2 * RING_N * 4; /* H (H - 1) host sums of n floats */
     const uint64_t want_ag = hops * (N - 1) * (RING_B + 16);
-    cr_expect_eq(ar, want_ar, "the ring all-reduce sent %llu bytes between hosts, want %llu (%.2f "
-                              "hops' worth)", (unsigned long long)ar, (unsigned long long)want_ar,
-                 (double)ar / (double)(want_ar / hops));
+    cr_expect_eq(ar, want_ar, "the all-reduce sent %llu bytes between hosts, want %llu (a ring "
+                              "in host order: %llu)", (unsigned long long)ar,
+                 (unsigned long long)want_ar,
+                 (unsigned long long)(hops * 2 * (N - 1) * (RING_N / N) * 4));
     cr_expect_eq(ag, want_ag, "the all-gather sent %llu bytes between hosts, want %llu (%.2f "
                               "hops' worth)", (unsigned long long)ag, (unsigned long long)want_ag,
                  (double)ag / (double)(want_ag / hops));

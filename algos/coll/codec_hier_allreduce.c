@@ -53,7 +53,7 @@
 
 int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec) {
     if (c->params.compressed_algo != 0) return 0; /* gather or rs asked for: flat */
-    if (!terse__hier_wanted(c, terse_codec_elements(codec))) return 0;
+    if (!terse__hier_wanted(c, terse_codec_elements(codec)) || !terse__hier_fits(c)) return 0;
     return terse__codec_can_cut(codec, (uint32_t)c->local_size);
 }
 

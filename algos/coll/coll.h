@@ -35,10 +35,11 @@ terse_status terse__allreduce_dense(terse_comm *c, float *buf, size_t n, int div
 terse_status terse__allreduce_ring(terse_comm *c, float *buf, size_t n, int divide);
 terse_status terse__allreduce_rd(terse_comm *c, float *buf, size_t n, int divide);
 /* The hierarchical one (hier_allreduce.c): reduce-scatter inside each host,
- * one rail per local rank across hosts, all-gather inside each host. For
- * hosts of equal size, several of them, TERSE_TOPOLOGY not flat
- * (terse__hier_fits); terse__hier_wanted: also above the recursive-doubling
- * size under auto (any size under hier). */
+ * one rail per shard across hosts, all-gather inside each host. For several
+ * hosts, some holding more than one rank, of any sizes, TERSE_TOPOLOGY not
+ * flat; terse__hier_wanted: also above the recursive-doubling size under
+ * auto (any size under hier). terse__hier_fits: the same, and hosts of
+ * equal size (what the compressed hierarchical path needs). */
 terse_status terse__allreduce_hier(terse_comm *c, float *buf, size_t n, int divide);
 int terse__hier_fits(const terse_comm *c);
 int terse__hier_wanted(const terse_comm *c, size_t n);

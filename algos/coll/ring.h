@@ -13,7 +13,9 @@
  *
  * The ring runs in the communicator's ring order (comm.h, ring_at): the
  * neighbours are the ranks before and after this one's position, and a
- * plan numbers its steps by c->ring_pos, not c->rank. */
+ * plan numbers its steps by terse__ring_pos(c) (never c->ring_pos itself:
+ * a colocated server's twin communicators leave ring_at NULL and ring_pos
+ * 0), not c->rank. */
 #ifndef TERSE_ALGOS_RING_H
 #define TERSE_ALGOS_RING_H
 

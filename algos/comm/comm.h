@@ -128,6 +128,7 @@ struct terse_comm {
      * (NULL for a single rank: host 0). */
     int host_index, local_rank, local_size, nhosts;
     int uniform_hosts; /* every host holds local_size ranks */
+    int local_min, local_max; /* the fewest and the most ranks a host holds */
     int one_net; /* every rank in this rank's network namespace (loopback reaches all) */
     int *host_of;
     /* The rings' order (ring.c): ring_at[p] is the rank at position p and

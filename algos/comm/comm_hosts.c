@@ -262,8 +262,12 @@ static terse_status group(terse_comm *c, const uint8_t *all) {
     }
     c->nhosts = nhosts;
     c->uniform_hosts = 1;
-    for (int g = 0; g < nhosts; g++)
+    c->local_min = c->local_max = size_of[0];
+    for (int g = 0; g < nhosts; g++) {
         if (size_of[g] != size_of[0]) c->uniform_hosts = 0;
+        if (size_of[g] < c->local_min) c->local_min = size_of[g];
+        if (size_of[g] > c->local_max) c->local_max = size_of[g];
+    }
     c->one_net = 1;
     for (int r = 1; r < N; r++)
         if (memcmp(all + NET_OFF, all + (size_t)r * R + NET_OFF, NET_BYTES) != 0) c->one_net = 0;
@@ -287,6 +291,7 @@ void terse__comm_hosts_single(terse_comm *c) {
     c->local_rank = 0;
     c->local_size = 1;
     c->uniform_hosts = 1;
+    c->local_min = c->local_max = 1;
     c->one_net = 1;
 }
 
