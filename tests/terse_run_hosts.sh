@@ -171,36 +171,56 @@ finish killed
 [[ $rc == 137 ]] && ok "killed: terse-run exited 137" || { fail "killed: exit $rc, want 137"; show killed; }
 no_leftovers killed
 
-# --- SIGTERM to terse-run mid-run: forwarded, hosts removed. While it runs,
-# another terse-run --hosts sweeps what a SIGKILLed launcher left (made here:
-# namespaces named after a pid that is gone, and after this script's shell,
-# which is no terse-run) and leaves the running launcher's alone.
-start term --hosts 2 -n 4 --timeout-ms 30000 "$TIME" 8388608 1000
-if wait_ranks term; then
-    term_pid=$tr_pid term_bg=$bg term_t0=$t0
-    sleep 0 &
-    gone=$!
-    wait "$gone"
-    stale=("trh$gone-0" "trh$gone-hub" "trh$$-1")
-    for ns in "${stale[@]}"; do ip netns add "$ns" || fail "sweep: cannot make $ns"; done
-    start sweep --hosts 2 -n 2 --timeout-ms 30000 "$CHECK"
-    finish sweep
-    [[ $rc == 0 ]] || { fail "sweep: exit $rc"; show sweep; }
-    for ns in "${stale[@]}"; do
-        if ip netns list | cut -d" " -f1 | grep -qx "$ns"; then
-            fail "sweep: the stale namespace $ns is still there"
-        elif ! grep -q "removed network namespace $ns, left behind by terse-run" "$work/sweep.err"; then
-            fail "sweep: $ns went without its line"
-        fi
-    done
-    for h in 0 1 hub; do
-        ip netns list | cut -d" " -f1 | grep -qx "trh$term_pid-$h" ||
-            fail "sweep: removed trh$term_pid-$h of a terse-run that still runs"
-    done
-    [[ $failures == 0 ]] && ok "sweep: stale namespaces removed with a line each, a running job's kept"
-    tr_pid=$term_pid bg=$term_bg t0=$term_t0
-    kill -TERM "$tr_pid"
-fi
+# --- stale namespaces: what a SIGKILLed launcher left is swept by the next
+# terse-run --hosts, a running launcher's is kept. Made here: namespaces
+# named after a pid that is gone (one with a process inside, which keeps
+# them), and after this script's shell (no terse-run), beside an idle job.
+start idle --hosts 2 -n 2 sleep 50
+idle_pid=$tr_pid idle_bg=$bg idle_t0=$t0
+for _ in $(seq 200); do
+    [[ -n $(ip netns pids "trh$idle_pid-1" 2>/dev/null) ]] && break
+    sleep 0.05
+done
+sleep 0 &
+gone=$!
+wait "$gone"
+sleep 0 &
+gone2=$!
+wait "$gone2"
+stale=("trh$gone-0" "trh$gone-hub" "trh$$-1" "trh$gone2-0" "trh$gone2-1")
+for ns in "${stale[@]}"; do ip netns add "$ns" || fail "sweep: cannot make $ns"; done
+ip netns exec "trh$gone2-1" sleep 30 &
+inside=$!
+for _ in $(seq 100); do
+    [[ -n $(ip netns pids "trh$gone2-1" 2>/dev/null) ]] && break
+    sleep 0.05
+done
+start sweep --hosts 2 -n 2 --timeout-ms 30000 "$CHECK"
+finish sweep
+[[ $rc == 0 ]] || { fail "sweep: exit $rc"; show sweep; }
+for ns in "trh$gone-0" "trh$gone-hub" "trh$$-1"; do
+    if ip netns list | cut -d" " -f1 | grep -qx "$ns"; then
+        fail "sweep: the stale namespace $ns is still there"
+    elif ! grep -q "removed network namespace $ns, left behind by terse-run" "$work/sweep.err"; then
+        fail "sweep: $ns went without its line"
+    fi
+done
+for ns in "trh$gone2-0" "trh$gone2-1" "trh$idle_pid-0" "trh$idle_pid-1" "trh$idle_pid-hub"; do
+    ip netns list | cut -d" " -f1 | grep -qx "$ns" ||
+        fail "sweep: removed $ns, which was in use (a process inside, or a running terse-run)"
+done
+kill "$inside" 2>/dev/null
+wait "$inside" 2>/dev/null
+[[ $failures == 0 ]] && ok "sweep: stale namespaces removed with a line each; those in use kept"
+tr_pid=$idle_pid bg=$idle_bg t0=$idle_t0
+kill -TERM "$tr_pid"
+finish idle
+[[ $rc == 143 ]] || { fail "idle: exit $rc, want 143"; show idle; }
+no_leftovers idle
+
+# --- SIGTERM to terse-run mid-run: forwarded, hosts removed
+start term --hosts 2 -n 4 --timeout-ms 30000 "$TIME" 1048576 1000
+wait_ranks term && kill -TERM "$tr_pid"
 finish term
 [[ $rc == 143 ]] && ok "term: terse-run exited 143" || { fail "term: exit $rc, want 143"; show term; }
 no_leftovers term

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -190,46 +191,103 @@ static int shape(const char *ns, const char *dev, const char *rate, const char *
     return run_cmd(tbf, 0);
 }
 
-/* Is pid a running terse-run? (Its namespaces are in use then.) A pid
- * that no longer exists, or that now belongs to another program, is not. */
+/* Is pid a running terse-run? (Its namespaces are in use then.) A pid that
+ * no longer exists, or that now runs another program (its name and its
+ * executable both other than terse-run), is not. A terse-run under a
+ * tool that renames it (valgrind) counts as gone: ns_in_use() still
+ * keeps its namespaces once its ranks are inside. */
 static int launcher_alive(long pid) {
     if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 0;
-    char path[64], comm[32] = "";
+    char path[64], buf[4096] = "";
     snprintf(path, sizeof path, "/proc/%ld/comm", pid);
     FILE *f = fopen(path, "r");
     if (!f) return 1; /* cannot tell: leave it */
-    int got = fgets(comm, sizeof comm, f) != NULL;
+    int got = fgets(buf, sizeof buf, f) != NULL;
     fclose(f);
-    if (!got) return 1;
-    comm[strcspn(comm, "\n")] = 0;
-    return strcmp(comm, "terse-run") == 0;
+    buf[strcspn(buf, "\n")] = 0;
+    if (!got || strcmp(buf, "terse-run") == 0) return 1;
+    snprintf(path, sizeof path, "/proc/%ld/exe", pid);
+    ssize_t n = readlink(path, buf, sizeof buf - 1);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    const char *base = strrchr(buf, '/');
+    return strcmp(base ? base + 1 : buf, "terse-run") == 0;
+}
+
+/* Is any process inside the network namespace named `name`? (A launcher
+ * in another PID namespace looks gone; its ranks inside are not.) */
+static int ns_in_use(const char *name) {
+    char path[sizeof NETNS_DIR + 256];
+    struct stat ns;
+    snprintf(path, sizeof path, NETNS_DIR "%.63s", name);
+    if (stat(path, &ns) != 0) return 0;
+    DIR *d = opendir("/proc");
+    if (!d) return 1;
+    int used = 0;
+    struct dirent *e;
+    while (!used && (e = readdir(d))) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        struct stat st;
+        snprintf(path, sizeof path, "/proc/%.32s/ns/net", e->d_name);
+        used = stat(path, &st) == 0 && st.st_ino == ns.st_ino && st.st_dev == ns.st_dev;
+    }
+    closedir(d);
+    return used;
+}
+
+/* The launcher pid of a namespace terse-run names trh<pid>-<h> or
+ * trh<pid>-hub (exactly: the name rebuilt from the pid must match), else 0. */
+static long launcher_of(const char *name) {
+    long pid = 0;
+    int used = 0;
+    if (sscanf(name, "trh%ld-%n", &pid, &used) != 1 || used == 0 || pid <= 0) return 0;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "trh%ld-", pid);
+    const char *rest = name + used;
+    if (strncmp(name, prefix, strlen(prefix)) != 0 || (size_t)used != strlen(prefix)) return 0;
+    if (strcmp(rest, "hub") == 0) return pid;
+    if (!rest[0] || strlen(rest) > 3 || strspn(rest, "0123456789") != strlen(rest) ||
+        (rest[0] == '0' && rest[1]))
+        return 0;
+    return pid;
 }
 
 /* Namespaces an earlier terse-run left behind when it was killed with
  * SIGKILL (which it cannot catch): trh<pid>-<h> and trh<pid>-hub whose
- * launcher is gone. Removed, each with a line; those of a terse-run that
- * still runs are left alone. */
+ * launcher is gone and none of which holds a process. Removed, each with a
+ * line; those of a terse-run that still runs are left alone. */
 static void sweep_stale(long self) {
     DIR *d = opendir(NETNS_DIR);
     if (!d) return;
     const char *ip = find_tool("ip");
+    enum { MAX_STALE = 256 };
+    static char names[MAX_STALE][64];
+    long pids[MAX_STALE];
+    int n = 0;
     struct dirent *e;
-    while ((e = readdir(d))) {
-        long pid = 0;
-        int used = 0;
-        char rest[8] = "";
-        if (sscanf(e->d_name, "trh%ld-%n", &pid, &used) != 1 || used == 0 || pid <= 0 ||
-            pid == self || strlen(e->d_name + used) >= sizeof rest)
-            continue;
-        snprintf(rest, sizeof rest, "%s", e->d_name + used);
-        int host = rest[0] != 0 && strspn(rest, "0123456789") == strlen(rest);
-        if ((!host && strcmp(rest, "hub") != 0) || launcher_alive(pid)) continue;
-        const char *del[] = {ip, "netns", "del", e->d_name, NULL};
-        if (run_cmd(del, 1) == 0)
-            fprintf(stderr, "terse-run: removed network namespace %s, left behind by terse-run %ld, "
-                            "which is gone\n", e->d_name, pid);
+    while (n < MAX_STALE && (e = readdir(d))) { /* collect first: deleting changes the dir */
+        long pid = launcher_of(e->d_name);
+        if (!pid || pid == self || strlen(e->d_name) >= sizeof names[0]) continue;
+        snprintf(names[n], sizeof names[n], "%s", e->d_name);
+        pids[n++] = pid;
     }
     closedir(d);
+    for (int i = 0; i < n; i++) {
+        const long pid = pids[i];
+        int first = 1, keep = 0;
+        for (int j = 0; j < i; j++) first &= pids[j] != pid;
+        if (!first) continue; /* this launcher was judged at its first namespace */
+        keep = launcher_alive(pid);
+        for (int j = i; j < n && !keep; j++) /* one namespace in use keeps them all */
+            if (pids[j] == pid) keep = ns_in_use(names[j]);
+        for (int j = i; j < n && !keep; j++) {
+            if (pids[j] != pid) continue;
+            const char *del[] = {ip, "netns", "del", names[j], NULL};
+            if (run_cmd(del, 1) == 0)
+                fprintf(stderr, "terse-run: removed network namespace %s, left behind by "
+                                "terse-run %ld, which is gone\n", names[j], pid);
+        }
+    }
 }
 
 int terse__run_hosts_up(terse__run_job *job, int (*interrupted)(void)) {

@@ -2,6 +2,9 @@
 and started), groups, and the requests they return."""
 
 import ctypes
+import ipaddress
+import os
+import re
 import secrets
 import socket
 import threading
@@ -164,42 +167,75 @@ class Comm(_Closing):
         mpi4py's MPI.COMM_WORLD), for jobs started by mpirun: terse's rank r
         is comm's rank r and its size comm's size. Collective over comm:
         every rank of it calls this, and comm carries the bootstrap store's
-        address and the job token from comm's rank 0 to the others.
+        address from comm's rank 0 to the others.
 
         addr: the store's "host:port", on comm's rank 0 (default:
         127.0.0.1 and a free port when every rank of comm runs on rank 0's
         machine, by MPI.Get_processor_name; else rank 0's host name, which
         must resolve to an address the other hosts reach, and a free port).
-        token: default 32 random bytes drawn on rank 0 and sent over comm;
-        pass one of your own (the same on every rank) when comm's network is
-        not one you trust with it. provider, timeout_ms, init_timeout_ms: as
-        for terse.Comm. Raises the same error on every rank when rank 0
-        cannot set up the store's address; an error of terse_comm_init
-        raises on the ranks that meet it (the others then time out)."""
-        if comm is None:
+        token: the job token, the same on every rank; without it, TERSE_TOKEN
+        when every rank has it set; else rank 0 draws 32 random bytes and
+        sends them over comm -- in the clear on MPI's network, so this is
+        refused under TERSE_WIRE=seal (whose point is a network others can
+        read): pass token= or set TERSE_TOKEN then. provider, timeout_ms,
+        init_timeout_ms: as for terse.Comm. Raises the same error on every
+        rank when rank 0 cannot set up the store's address or the ranks
+        disagree on where the token comes from; an error of terse_comm_init
+        raises on the ranks that meet it (the others then time out). For a
+        communicator other than COMM_WORLD, Open MPI's OMPI_COMM_WORLD_*
+        variables (which describe world ranks) are hidden from terse during
+        the call."""
+        world = None
+        try:
             from mpi4py import MPI  # only when asked: terse does not need MPI
-            comm = MPI.COMM_WORLD
+            world = MPI.COMM_WORLD
+        except ImportError:
+            if comm is None:
+                raise
+        if comm is None:
+            comm = world
         for m in ("Get_rank", "Get_size", "bcast", "allgather"):
             if not callable(getattr(comm, m, None)):
                 raise TypeError("terse.Comm.from_mpi: comm must be an mpi4py communicator "
                                 "(it has no %s)" % m)
         rank, size = comm.Get_rank(), comm.Get_size()
-        names = comm.allgather(_processor_name())
+        mine = (_processor_name(), token is not None or bool(os.environ.get("TERSE_TOKEN")),
+                os.environ.get("TERSE_WIRE", "") in ("seal", "encrypt"))
+        everyone = comm.allgather(mine)
         plan = None
         if rank == 0:
             try:
-                plan = (_store_addr(addr, all(n == names[0] for n in names)),
-                        None if token is not None else secrets.token_hex(32), None)
-            except (OSError, ValueError) as e:
-                plan = (None, None, "terse.Comm.from_mpi: rank 0 cannot set up the bootstrap "
-                                    "store's address: %s" % e)
+                has = [r for r, e in enumerate(everyone) if e[1]]
+                if has and len(has) != size:
+                    raise ValueError("ranks %s have a token (token= or TERSE_TOKEN) and ranks %s "
+                                     "do not: give it to every rank, or to none" % (
+                                         has, [r for r in range(size) if r not in has]))
+                if not has and any(e[2] for e in everyone):
+                    raise ValueError("TERSE_WIRE=seal, but no rank has a token (token= or "
+                                     "TERSE_TOKEN), and one drawn here would cross MPI's "
+                                     "network in the clear: give every rank the same token")
+                one_host = all(e[0] == everyone[0][0] for e in everyone)
+                plan = (_store_addr(addr, one_host), None if has else secrets.token_hex(32),
+                        None)
+            except Exception as e:  # every rank must hear of it, or the others block
+                plan = (None, None, "terse.Comm.from_mpi: rank 0 cannot set up the job: %s" % e)
         store, tok, why = comm.bcast(plan, root=0)
         if why:
             raise ValueError(why)
         if token is not None:
             tok = token  # every rank's own; a mismatch fails authentication at init
-        return cls(rank=rank, size=size, addr=store, provider=provider, token=tok,
-                   timeout_ms=timeout_ms, init_timeout_ms=init_timeout_ms)
+        hidden = {}
+        if world is not None and isinstance(comm, MPI.Comm) and \
+                MPI.Comm.Compare(comm, world) != MPI.IDENT:
+            for k in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+                if k in os.environ:
+                    hidden[k] = os.environ.pop(k)
+        try:
+            return cls(rank=rank, size=size, addr=store, provider=provider, token=tok,
+                       timeout_ms=timeout_ms, init_timeout_ms=init_timeout_ms)
+        finally:
+            os.environ.update(hidden)
 
     def _handle(self):
         if not self._h:
@@ -381,25 +417,29 @@ def _processor_name():
 
 def _store_addr(addr, one_host):
     """from_mpi's store address on rank 0: addr as given, else loopback (one
-    host) or this host's name, with a port free right now."""
+    host) or this host's name, with a port free right now; checked the way
+    terse_comm_init will use it (parsed, resolved, bound)."""
     port = 0
     if addr is not None:  # checked here, so that every rank hears what is wrong
         host, sep, p = str(addr).rpartition(":")
         host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        if not sep or not host or not p.isdigit() or not 0 < int(p) < 65536:
+        if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", p) or not 0 < int(p) < 65536:
             raise ValueError("addr=%r is not host:port with a port of 1-65535" % (addr,))
         port = int(p)
     else:
         host = "127.0.0.1" if one_host else socket.gethostname()
     try:
-        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         raise ValueError("the host %r does not resolve (%s)" % (host, e)) from None
-    ip = info[4][0]
-    if addr is None and not one_host and ip.startswith("127."):
-        raise ValueError("the ranks run on several hosts, but this host's name %r resolves to "
-                         "the loopback address %s, which the others cannot reach; pass "
-                         "addr='host:port' with an address they can" % (host, ip))
+    if not one_host:
+        for info in infos:
+            ip = info[4][0]
+            if ipaddress.ip_address(ip.split("%")[0]).is_loopback:
+                raise ValueError("the ranks run on several hosts, but %r resolves to the "
+                                 "loopback address %s, which the others cannot reach; pass "
+                                 "addr='host:port' with an address they can" % (host, ip))
+    info = infos[0]
     with socket.socket(info[0], socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(info[4])  # the store binds here next: fails now, with a reason, if it would

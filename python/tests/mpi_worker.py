@@ -44,6 +44,18 @@ try:
         terse.Comm.from_mpi(addr=None if world.Get_rank() else "no-such-host.invalid:1")
     elif scenario == "not-a-comm":
         terse.Comm.from_mpi(comm=object())
+    elif scenario == "seal-no-token":
+        # a drawn token would cross MPI's network in the clear: refused everywhere
+        os.environ["TERSE_WIRE"] = "seal"
+        terse.Comm.from_mpi(timeout_ms=20000)
+    elif scenario == "token-on-rank-0-only":
+        terse.Comm.from_mpi(token="a-token-of-rank-0-only-0123" if world.Get_rank() == 0 else None)
+    elif scenario == "seal-env-token":
+        # every rank has TERSE_TOKEN: nothing secret crosses MPI, and seal works
+        os.environ["TERSE_WIRE"] = "seal"
+        os.environ["TERSE_TOKEN"] = "a-token-every-rank-has-0123456789"
+        with terse.Comm.from_mpi(timeout_ms=20000) as tc:
+            res.update(rank=tc.rank, sum_ok=allreduce_check(world, tc))
 except Exception as e:  # reported, not raised: the test reads it
     res["error"] = "%s: %s" % (type(e).__name__, e)
 with open(os.path.join(outdir, "rank%d.json" % world.Get_rank()), "w") as f:

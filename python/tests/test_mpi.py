@@ -66,11 +66,31 @@ def test_from_mpi_rank_0s_bad_address_is_every_ranks_error(tmp_path):
     res = mpirun(tmp_path, 2, "bad-addr")
     for r in res.values():
         assert r.get("error", "").startswith("ValueError: terse.Comm.from_mpi: rank 0 cannot "
-                                             "set up the bootstrap store's address"), r
-        assert "no-such-host.invalid" in r["error"]
+                                             "set up the job: the host 'no-such-host.invalid' "
+                                             "does not resolve"), r
 
 
 def test_from_mpi_refuses_what_is_no_communicator(tmp_path):
     res = mpirun(tmp_path, 1, "not-a-comm")
     assert res[0]["error"].startswith("TypeError: terse.Comm.from_mpi: comm must be an mpi4py "
                                       "communicator"), res[0]
+
+
+def test_from_mpi_will_not_send_a_token_over_mpi_under_seal(tmp_path):
+    res = mpirun(tmp_path, 2, "seal-no-token")
+    for r in res.values():
+        assert "TERSE_WIRE=seal, but no rank has a token" in r.get("error", ""), r
+
+
+def test_from_mpi_refuses_a_token_that_only_some_ranks_have(tmp_path):
+    res = mpirun(tmp_path, 3, "token-on-rank-0-only")
+    for r in res.values():
+        assert "ranks [0] have a token (token= or TERSE_TOKEN) and ranks [1, 2] do not" in \
+            r.get("error", ""), r
+
+
+def test_from_mpi_under_seal_with_every_ranks_terse_token(tmp_path):
+    res = mpirun(tmp_path, 2, "seal-env-token")
+    for w, r in res.items():
+        assert "error" not in r, r
+        assert r["rank"] == w and r["sum_ok"]
