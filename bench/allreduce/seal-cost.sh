@@ -50,6 +50,7 @@ done
 [[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "$prog: --repeats must be a positive integer" >&2; exit 2; }
 [ -x "$bench" ] || { echo "$prog: $bench is not built (./terse.sh build)" >&2; exit 1; }
 
+log=$(mktemp /tmp/seal-cost.XXXXXX.log)
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 run() { # wire setting size -> busbw GB/s (or "failed")
@@ -59,9 +60,10 @@ run() { # wire setting size -> busbw GB/s (or "failed")
         local h=${shape%%x*} l=${shape#*x}
         args=(-n $((h * l)) --hosts "$h" --link "$rate")
     fi
-    TERSE_WIRE=$wire "$bench" allreduce "${args[@]}" --provider tcp -b "$size" -e "$size" \
-        -r 10 -t 3 --csv -q 2>/dev/null | awk -F, 'NR == 2 && $18 == "ok" { print $11; ok = 1 }
-                                                 END { if (!ok) print "failed" }'
+    # a failed run prints "failed" (its stderr goes to $log) and the script goes on
+    { TERSE_WIRE=$wire "$bench" allreduce "${args[@]}" --provider tcp -b "$size" -e "$size" \
+        -r 10 -t 3 --csv -q 2>>"$log" || true; } |
+        awk -F, 'NR == 2 && $18 == "ok" { print $11; ok = 1 } END { if (!ok) print "failed" }'
 }
 
 echo "# $prog: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores; medians of $repeats alternating runs; $(date -u +%F)"
@@ -80,7 +82,7 @@ for set in $settings; do
             seal+=("$(run seal "$set" "$s")")
         done
         if printf '%s\n' "${mac[@]}" "${seal[@]}" | grep -q failed; then
-            echo "| $set | $s | ${mac[*]} | ${seal[*]} | a run failed |"
+            echo "| $set | $s | ${mac[*]} | ${seal[*]} | a run failed (stderr: $log) |"
             continue
         fi
         mm=$(printf '%s\n' "${mac[@]}" | median)
