@@ -744,7 +744,9 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * flat paths': another summation order). Broadcast and the rings (the
  * all-gather, the message exchanges of compressed all-reduces, the dense
  * ring) run over the ranks in host order, so they cross between hosts once
- * per host wherever the launcher put the ranks. Other codecs, barrier and
+ * per host wherever the launcher put the ranks; with hosts of equal size
+ * the all-gather is hierarchical (along the rails, then inside each host),
+ * so each block crosses to each other host once. Other codecs, barrier and
  * the parameter server run their flat algorithms over the routed pairs. terse_comm_topology gives this rank's host index, local
  * rank, local size and the number of hosts (any pointer may be NULL; a
  * single rank is host 0 of 1, local rank 0 of 1). terse_comm_host_of gives

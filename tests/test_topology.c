@@ -518,6 +518,68 @@ Test(routed, uneven_interleaved_hosts_cross_once_per_host_allgather_and_allreduc
     tr_release(o);
 }
 
+/* The hierarchical all-gather (allgather.c, hier_gather): 2 hosts of 2,
+ * interleaved (a b a b). Every block crosses to the other host once: the
+ * network endpoints carry the 4 blocks (and the ring in host order that
+ * exchanges the 16-byte size records: 2 crossing hops of 3 records),
+ * where a ring in host order would carry 6 blocks. Blocks of unequal size
+ * and an empty one arrive whole. u[0]: network bytes of the even-sized
+ * gather; u[2]: wrong blocks. */
+static int hier_gather_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c), N = terse_comm_size(c);
+    size_t sizes[TR_MAX_RANKS], total = 0;
+    uint8_t *all = malloc((size_t)N * (RING_B + 64)), *mine = malloc(RING_B + 64);
+    if (!all || !mine) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
+    for (int round = 0; round < 2; round++) {
+        total = 0;
+        for (int q = 0; q < N; q++) {
+            sizes[q] = round == 0 ? RING_B : (q == 1 ? 0 : RING_B / 3 + (size_t)q * 7);
+            total += sizes[q];
+        }
+        for (size_t i = 0; i < sizes[r]; i++) mine[i] = (uint8_t)(i * 11 + (size_t)r + 40 * round);
+        TR_CALL(o, terse_barrier(c));
+        const uint64_t before = c->fabric->bytes_sent;
+        size_t counts[TR_MAX_RANKS];
+        TR_CALL(o, terse_allgather(c, mine, sizes[r], all, (size_t)N * (RING_B + 64), counts));
+        if (round == 0) o->u[0] = c->fabric->bytes_sent - before;
+        size_t at = 0;
+        for (int q = 0; q < N; q++) {
+            if (counts[q] != sizes[q]) o->u[2]++;
+            for (size_t i = 0; i < sizes[q]; i++)
+                if (all[at + i] != (uint8_t)(i * 11 + (size_t)q + 40 * round)) {
+                    o->u[2]++;
+                    break;
+                }
+            at += sizes[q];
+        }
+    }
+    (void)total;
+    free(all), free(mine);
+    return 0;
+}
+
+Test(routed, allgather_between_hosts_sends_each_block_across_once) {
+    host_setup h = {.host = {"a", "b", "a", "b"}, .own_shm_rank = -1};
+    setenv_size(4);
+    setenv("TERSE_CHECK_CALLS", "off", 1);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", 4, 20000, 90, -1};
+    tr_out *o = tr_run(&job, hier_gather_body, &h);
+    unsetenv("TERSE_CHECK_CALLS");
+    uint64_t net = 0;
+    for (int r = 0; r < 4; r++) {
+        cr_expect_eq(o[r].u[2], 0, "rank %d: %llu wrong blocks or counts", r,
+                     (unsigned long long)o[r].u[2]);
+        net += o[r].u[0];
+    }
+    const uint64_t want = 4 * (uint64_t)RING_B + 2 * 3 * 16;
+    cr_expect_eq(net, want, "the all-gather sent %llu bytes between hosts, want %llu (a ring in "
+                            "host order: %llu)", (unsigned long long)net,
+                 (unsigned long long)want, (unsigned long long)(2 * 3 * (RING_B + 16)));
+    tr_release(o);
+}
+
 /* Rank 3 dies mid-loop: rank 2 reaches it through shm, ranks 0 and 1
  * through the network; every survivor fails naming it. */
 static int routed_kill_body(terse_comm *c, tr_out *o, const void *arg) {

@@ -8,6 +8,16 @@
  * K chunks (K set by the largest block) and pipelined. Every rank sends
  * and receives N-1 blocks: the all-gather's bandwidth optimum.
  *
+ * With several hosts of equal size and more than one rank on each (not
+ * under TERSE_TOPOLOGY=flat), terse__allgatherv_ring gathers
+ * hierarchically instead (hier_gather): first along the rails -- every
+ * rank sends its block to the ranks of its local rank on the other hosts,
+ * so each block crosses to each other host once -- then inside the host,
+ * where every rank hands the H blocks of its rail to each other local rank
+ * (shm). A host link then carries the other hosts' blocks once, (H-1) L
+ * blocks, where a ring in host order carries N - 1 at each crossing. The
+ * results are copies: the same bytes either way.
+ *
  * Sizes go first: every rank learns every block's size (and, for
  * terse_allgather, every rank's recv_cap) before any data moves. Receives
  * are therefore always exactly as large as the message they match, and
@@ -75,8 +85,56 @@ terse_status terse__allgather_u64(terse_comm *c, uint64_t mine, uint64_t *all) {
     return terse__allgather_fixed(c, &mine, sizeof mine, all);
 }
 
+/* The requests of either phase must fit the communicator's. */
+static int hier_gather_fits(const terse_comm *c) {
+    return terse__hier_fits(c) && 2 * (c->nhosts - 1) <= TERSE__COMM_MAX_REQS &&
+           2 * (c->local_size - 1) * c->nhosts <= TERSE__COMM_MAX_REQS;
+}
+
+static terse_status hier_gather(terse_comm *c, uint8_t *buf, const size_t *off,
+                                const size_t *len) {
+    const int H = c->nhosts, L = c->local_size, h = c->host_index, l = c->local_rank;
+    int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
+    terse__hier_peers(c, local, rail);
+    /* 1. along the rail: our block out, the rail's blocks in */
+    terse__comm_next_phase(c);
+    size_t nreq = 0;
+    const uint64_t tag = terse__comm_tag(c, 0);
+    for (int g = 0; g < H; g++) {
+        const int q = rail[g];
+        if (g == h) continue;
+        if (len[q])
+            TERSE_CHECK(terse__comm_irecv(c, q, tag, buf + off[q], len[q], TERSE__BYTES_PAYLOAD,
+                                          &c->reqs[nreq++]));
+        if (len[c->rank])
+            TERSE_CHECK(terse__comm_isend(c, q, tag, buf + off[c->rank], len[c->rank],
+                                          TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+    }
+    TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
+    /* 2. inside the host: the rail's H blocks to every other local rank,
+     * theirs from them; message g carries host g's block */
+    terse__comm_next_phase(c);
+    nreq = 0;
+    for (int j = 0; j < L; j++) {
+        if (j == l) continue;
+        for (int g = 0; g < H; g++) {
+            const int mine = g == h ? c->rank : rail[g];
+            const int theirs = terse__hier_rank_at(c, g, j);
+            const uint64_t t = terse__comm_tag(c, (uint64_t)g);
+            if (len[theirs])
+                TERSE_CHECK(terse__comm_irecv(c, local[j], t, buf + off[theirs], len[theirs],
+                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+            if (len[mine])
+                TERSE_CHECK(terse__comm_isend(c, local[j], t, buf + off[mine], len[mine],
+                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+        }
+    }
+    return terse__comm_wait(c, c->reqs, nreq);
+}
+
 terse_status terse__allgatherv_ring(terse_comm *c, uint8_t *buf, const size_t *off,
                                     const size_t *len) {
+    if (c->nranks > 1 && hier_gather_fits(c)) return hier_gather(c, buf, off, len);
     size_t max_block = 0;
     for (int r = 0; r < c->nranks; r++)
         if (len[r] > max_block) max_block = len[r];

@@ -46,6 +46,8 @@ int terse__hier_wanted(const terse_comm *c, size_t n);
 /* local[j]: the rank of local rank j on this host; rail[g]: the rank of
  * this local rank on host g (this rank itself at its own slots). */
 void terse__hier_peers(const terse_comm *c, int *local, int *rail);
+/* The rank on host h with local rank l (-1 if host h has no such rank). */
+int terse__hier_rank_at(const terse_comm *c, int h, int l);
 
 /* The compressed hierarchical one (codec_hier_allreduce.c): for codecs
  * whose messages travel and whose tensor can be cut into local_size

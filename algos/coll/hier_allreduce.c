@@ -35,8 +35,7 @@
 #include "algos/coll/ring.h"
 #include "common/error.h"
 
-/* The rank on host h with local rank l (-1 if host h has no such rank). */
-static int rank_at(const terse_comm *c, int h, int l) {
+int terse__hier_rank_at(const terse_comm *c, int h, int l) {
     for (int r = 0, seen = 0; r < c->nranks; r++)
         if (c->host_of[r] == h && seen++ == l) return r;
     return -1;
@@ -44,9 +43,9 @@ static int rank_at(const terse_comm *c, int h, int l) {
 
 void terse__hier_peers(const terse_comm *c, int *local, int *rail) {
     for (int j = 0; j < c->local_size; j++)
-        local[j] = j == c->local_rank ? c->rank : rank_at(c, c->host_index, j);
+        local[j] = j == c->local_rank ? c->rank : terse__hier_rank_at(c, c->host_index, j);
     for (int g = 0; g < c->nhosts; g++)
-        rail[g] = g == c->host_index ? c->rank : rank_at(c, g, c->local_rank);
+        rail[g] = g == c->host_index ? c->rank : terse__hier_rank_at(c, g, c->local_rank);
 }
 
 /* Every rank decides alike: from the job's host table, not its own host. */
