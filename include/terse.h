@@ -726,8 +726,9 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * dense all-reduce above TERSE_RD_MAX_BYTES (at any size with
  * TERSE_TOPOLOGY=hier) is hierarchical -- reduce-scatter inside each host
  * into S shards (S: the fewest ranks any host holds; local ranks 0..S-1
- * own them), the shards summed across hosts (one rail per shard, all at
- * once), all-gather inside each host; terse_allreduce_algorithm says
+ * own them; not with S = 1 beside a host of more than 4 ranks), the
+ * shards summed across hosts (one rail per shard, all at once), all-gather
+ * inside each host; terse_allreduce_algorithm says
  * "dense-hier" -- and so are the
  * dense sums inside codecs with rounds (powersgd) or a summable view
  * (randk). Codecs whose messages travel (fp16, bf16, int8, qsgd, sign,

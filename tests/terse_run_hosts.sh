@@ -187,8 +187,20 @@ wait "$gone"
 sleep 0 &
 gone2=$!
 wait "$gone2"
-stale=("trh$gone-0" "trh$gone-hub" "trh$$-1" "trh$gone2-0" "trh$gone2-1")
+sleep 0 &
+gone3=$!
+wait "$gone3"
+stale=("trh$gone-0" "trh$gone-hub" "trh$$-1" "trh$gone2-0" "trh$gone2-1" "trh$gone3-hub")
 for ns in "${stale[@]}"; do ip netns add "$ns" || fail "sweep: cannot make $ns"; done
+# a launcher whose pid looks gone (another PID namespace) but that holds its
+# lock: its namespaces stay
+mkdir -p /run/terse-run
+flock "/run/terse-run/$gone3" sleep 30 &
+holder=$!
+for _ in $(seq 100); do
+    flock -n "/run/terse-run/$gone3" true 2>/dev/null || break
+    sleep 0.05
+done
 ip netns exec "trh$gone2-1" sleep 30 &
 inside=$!
 for _ in $(seq 100); do
@@ -205,18 +217,22 @@ for ns in "trh$gone-0" "trh$gone-hub" "trh$$-1"; do
         fail "sweep: $ns went without its line"
     fi
 done
-for ns in "trh$gone2-0" "trh$gone2-1" "trh$idle_pid-0" "trh$idle_pid-1" "trh$idle_pid-hub"; do
+for ns in "trh$gone2-0" "trh$gone2-1" "trh$gone3-hub" "trh$idle_pid-0" "trh$idle_pid-1" \
+    "trh$idle_pid-hub"; do
     ip netns list | cut -d" " -f1 | grep -qx "$ns" ||
         fail "sweep: removed $ns, which was in use (a process inside, or a running terse-run)"
 done
-kill "$inside" 2>/dev/null
-wait "$inside" 2>/dev/null
+kill "$inside" "$holder" 2>/dev/null
+wait "$inside" "$holder" 2>/dev/null
+rm -f "/run/terse-run/$gone3"
+[[ -e /run/terse-run/$idle_pid ]] || fail "sweep: the running launcher $idle_pid holds no lock file"
 [[ $failures == 0 ]] && ok "sweep: stale namespaces removed with a line each; those in use kept"
 tr_pid=$idle_pid bg=$idle_bg t0=$idle_t0
 kill -TERM "$tr_pid"
 finish idle
 [[ $rc == 143 ]] || { fail "idle: exit $rc, want 143"; show idle; }
 no_leftovers idle
+[[ -e /run/terse-run/$idle_pid ]] && fail "idle: its lock file /run/terse-run/$idle_pid is left"
 
 # --- SIGTERM to terse-run mid-run: forwarded, hosts removed
 start term --hosts 2 -n 4 --timeout-ms 30000 "$TIME" 1048576 1000

@@ -10,7 +10,9 @@
  * The commands are iproute2's ip and tc, run by fork/exec and checked one by
  * one; removing the namespaces removes the veths, the bridge and the qdiscs
  * with them. A terse-run killed with SIGKILL cannot remove its namespaces; the
- * next terse-run --hosts removes those whose launcher is gone. */
+ * next terse-run --hosts removes those whose launcher is gone: its flock on
+ * /run/terse-run/<pid> is free (or, without that file, its pid runs no
+ * terse-run) and no process is inside any of them. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -30,12 +33,16 @@
 #include "terse-run.h"
 
 #define NETNS_DIR "/run/netns/"
+/* While its namespaces exist a launcher holds an flock on LOCK_DIR<pid>:
+ * the sweep's proof that it is alive, across PID namespaces and renames. */
+#define LOCK_DIR "/run/terse-run/"
 #define HOST_IF "terse0"
 /* how long the links get to report carrier */
 #define CARRIER_MS 5000
 
 static char ns_name[TERSE_RUN_MAX_HOSTS + 1][32]; /* [nhosts] is the hub */
 static int ns_made[TERSE_RUN_MAX_HOSTS + 1];
+static int lock_fd = -1; /* our LOCK_DIR<pid>, held while our namespaces exist */
 
 unsigned long long terse__run_parse_rate(const char *s) {
     char *end;
@@ -191,12 +198,48 @@ static int shape(const char *ns, const char *dev, const char *rate, const char *
     return run_cmd(tbf, 0);
 }
 
-/* Is pid a running terse-run? (Its namespaces are in use then.) A pid that
- * no longer exists, or that now runs another program (its name and its
- * executable both other than terse-run), is not. A terse-run under a
- * tool that renames it (valgrind) counts as gone: ns_in_use() still
- * keeps its namespaces once its ranks are inside. */
+/* Take our lock (LOCK_DIR<pid>, flock) before making namespaces; best
+ * effort: without it, the sweeps of other launchers fall back on names. */
+static void take_lock(long self) {
+    char path[64];
+    (void)mkdir(LOCK_DIR, 0700);
+    snprintf(path, sizeof path, LOCK_DIR "%ld", self);
+    lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (lock_fd >= 0 && flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        close(lock_fd);
+        lock_fd = -1;
+    }
+}
+
+static void drop_lock(long self) {
+    if (lock_fd < 0) return;
+    char path[64];
+    snprintf(path, sizeof path, LOCK_DIR "%ld", self);
+    unlink(path);
+    close(lock_fd);
+    lock_fd = -1;
+}
+
+/* Is launcher pid alive? 1 yes, 0 no (its lock is free: gone, whatever
+ * its PID namespace or name), -1 cannot tell (no lock file: a launcher of
+ * an older build, or one that could not make it). */
+static int lock_says(long pid) {
+    char path[64];
+    snprintf(path, sizeof path, LOCK_DIR "%ld", pid);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return -1;
+    int alive = flock(fd, LOCK_EX | LOCK_NB) != 0;
+    if (!alive) unlink(path); /* its launcher is gone: the lock goes with its namespaces */
+    close(fd);
+    return alive;
+}
+
+/* Without a lock file: is pid a running terse-run? A pid that no longer
+ * exists, or that now runs another program (its name and its executable
+ * both other than terse-run), is not. */
 static int launcher_alive(long pid) {
+    int lock = lock_says(pid);
+    if (lock >= 0) return lock;
     if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 0;
     char path[64], buf[4096] = "";
     snprintf(path, sizeof path, "/proc/%ld/comm", pid);
@@ -260,34 +303,42 @@ static void sweep_stale(long self) {
     DIR *d = opendir(NETNS_DIR);
     if (!d) return;
     const char *ip = find_tool("ip");
-    enum { MAX_STALE = 256 };
-    static char names[MAX_STALE][64];
-    long pids[MAX_STALE];
-    int n = 0;
+    struct stale { char name[64]; long pid; } *v = NULL;
+    size_t n = 0, cap = 0;
     struct dirent *e;
-    while (n < MAX_STALE && (e = readdir(d))) { /* collect first: deleting changes the dir */
+    while ((e = readdir(d))) { /* every name first: deleting changes the directory */
         long pid = launcher_of(e->d_name);
-        if (!pid || pid == self || strlen(e->d_name) >= sizeof names[0]) continue;
-        snprintf(names[n], sizeof names[n], "%s", e->d_name);
-        pids[n++] = pid;
+        if (!pid || pid == self || strlen(e->d_name) >= sizeof v->name) continue;
+        if (n == cap) {
+            struct stale *w = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof *v);
+            if (!w) { /* a launcher's names cut in two could be judged wrongly: stop */
+                free(v);
+                closedir(d);
+                return;
+            }
+            v = w;
+        }
+        snprintf(v[n].name, sizeof v[n].name, "%s", e->d_name);
+        v[n++].pid = pid;
     }
     closedir(d);
-    for (int i = 0; i < n; i++) {
-        const long pid = pids[i];
-        int first = 1, keep = 0;
-        for (int j = 0; j < i; j++) first &= pids[j] != pid;
+    for (size_t i = 0; i < n; i++) {
+        const long pid = v[i].pid;
+        int first = 1, keep;
+        for (size_t j = 0; j < i; j++) first &= v[j].pid != pid;
         if (!first) continue; /* this launcher was judged at its first namespace */
         keep = launcher_alive(pid);
-        for (int j = i; j < n && !keep; j++) /* one namespace in use keeps them all */
-            if (pids[j] == pid) keep = ns_in_use(names[j]);
-        for (int j = i; j < n && !keep; j++) {
-            if (pids[j] != pid) continue;
-            const char *del[] = {ip, "netns", "del", names[j], NULL};
+        for (size_t j = i; j < n && !keep; j++) /* one namespace in use keeps them all */
+            if (v[j].pid == pid) keep = ns_in_use(v[j].name);
+        for (size_t j = i; j < n && !keep; j++) {
+            if (v[j].pid != pid) continue;
+            const char *del[] = {ip, "netns", "del", v[j].name, NULL};
             if (run_cmd(del, 1) == 0)
                 fprintf(stderr, "terse-run: removed network namespace %s, left behind by "
-                                "terse-run %ld, which is gone\n", names[j], pid);
+                                "terse-run %ld, which is gone\n", v[j].name, pid);
         }
     }
+    free(v);
 }
 
 int terse__run_hosts_up(terse__run_job *job, int (*interrupted)(void)) {
@@ -309,6 +360,7 @@ int terse__run_hosts_up(terse__run_job *job, int (*interrupted)(void)) {
         return -1;
     }
     sweep_stale((long)job->launcher);
+    take_lock((long)job->launcher);
     snprintf(job->host_if, sizeof job->host_if, "%s", HOST_IF);
     for (int i = 0; i <= H; i++) {
         if (i < H)
@@ -394,5 +446,6 @@ int terse__run_hosts_down(terse__run_job *job) {
             ns_made[i] = 0;
         }
     }
+    if (rc == 0) drop_lock((long)job->launcher); /* kept while a namespace is left */
     return rc;
 }

@@ -4,9 +4,9 @@
  * parts), and on every host local rank l < S owns shard l (with hosts of
  * equal size, every rank owns one; a host's ranks beyond the S-th own
  * none, and with a host of one rank S is 1: a leader per host):
- *   1. reduce-scatter inside the host: every local rank sends shard j to
- *      local rank j, and the owner sums its shard's L_h copies in
- *      local-rank order (shm: the routed side endpoint);
+ *   1. reduce-scatter inside the host: every local rank sends shard j
+ *      (j < S) to local rank j, and the owner sums its shard's L_h copies
+ *      in local-rank order (shm: the routed side endpoint);
  *   2. across hosts, one "rail" per shard, all rails at once: the owners
  *      of shard l on the H hosts exchange their host sums and each adds
  *      the H of them in host order (the network), dividing by the rank
@@ -27,8 +27,8 @@
  * Bitwise identity: each shard's sum is (sum over hosts in host order of
  * (sum over local ranks in local-rank order)), computed from the same
  * bits in the same order by every member of its rail, then copied; every
- * rank therefore ends with the same bits, and the same n, H and L give the
- * same bits run to run (not the flat ring's bits: another order). */
+ * rank therefore ends with the same bits, and the same n and host table
+ * give the same bits run to run (not the flat ring's bits: another order). */
 #include <string.h>
 
 #include "algos/coll/coll.h"
@@ -51,6 +51,10 @@ void terse__hier_peers(const terse_comm *c, int *local, int *rail) {
 /* Every rank decides alike: from the job's host table, not its own host. */
 static int dense_fits(const terse_comm *c) {
     if (c->params.topology == 1 || c->nhosts < 2 || c->local_max < 2 || !c->host_of) return 0;
+    /* a leader per host (S = 1) takes in and gives out local_max - 1 whole
+     * copies over shm: measured to pay at 2 + 1 ranks, not for large hosts
+     * (a ring in host order there) */
+    if (c->local_min == 1 && c->local_max > 4) return 0;
     /* the requests of one round (three phases) must fit the communicator's */
     return 4 * (c->local_max - 1) + 2 * (c->nhosts - 1) <= TERSE__COMM_MAX_REQS;
 }

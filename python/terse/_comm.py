@@ -184,7 +184,9 @@ class Comm(_Closing):
         raises on the ranks that meet it (the others then time out). For a
         communicator other than COMM_WORLD, Open MPI's OMPI_COMM_WORLD_*
         variables (which describe world ranks) are hidden from terse during
-        the call."""
+        the call, and so are the other launchers' rank claims (Slurm's,
+        torchrun's, terse-run's): os.environ changes for that moment, which
+        another thread reading the environment then would see."""
         world = None
         try:
             from mpi4py import MPI  # only when asked: terse does not need MPI
@@ -199,7 +201,7 @@ class Comm(_Closing):
                 raise TypeError("terse.Comm.from_mpi: comm must be an mpi4py communicator "
                                 "(it has no %s)" % m)
         rank, size = comm.Get_rank(), comm.Get_size()
-        mine = (_processor_name(), token is not None or bool(os.environ.get("TERSE_TOKEN")),
+        mine = (_processor_name(), bool(token) or bool(os.environ.get("TERSE_TOKEN")),
                 os.environ.get("TERSE_WIRE", "") in ("seal", "encrypt"))
         everyone = comm.allgather(mine)
         plan = None
@@ -222,13 +224,12 @@ class Comm(_Closing):
         store, tok, why = comm.bcast(plan, root=0)
         if why:
             raise ValueError(why)
-        if token is not None:
+        if token:
             tok = token  # every rank's own; a mismatch fails authentication at init
         hidden = {}
         if world is not None and isinstance(comm, MPI.Comm) and \
                 MPI.Comm.Compare(comm, world) != MPI.IDENT:
-            for k in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+            for k in _LAUNCHER_CLAIMS:
                 if k in os.environ:
                     hidden[k] = os.environ.pop(k)
         try:
@@ -405,6 +406,16 @@ class Comm(_Closing):
 
     def reset_stats(self):
         _lib.terse_comm_reset_stats(self._handle())
+
+
+# Rank, size and local-rank claims terse_comm_init checks against its host
+# grouping when they name the rank and size it joins as (terse.h, hosts):
+# from_mpi hides them for a communicator whose ranks are not world ranks.
+_LAUNCHER_CLAIMS = (
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "TERSE_RANK", "TERSE_SIZE", "TERSE_LOCAL_RANK", "TERSE_LOCAL_SIZE")
 
 
 def _processor_name():
