@@ -418,14 +418,22 @@ static int bcast_order_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
+/* Run n ranks on the hosts of h over tcp, with the call checks' 64-byte
+ * descriptors off (the byte-counting tests below would count them too). */
+static tr_out *run_counting(host_setup *h, int n,
+                            int (*body)(terse_comm *, tr_out *, const void *)) {
+    setenv_size(n);
+    setenv("TERSE_CHECK_CALLS", "off", 1);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", n, 20000, 90, -1};
+    tr_out *o = tr_run(&job, body, h);
+    unsetenv("TERSE_CHECK_CALLS");
+    return o;
+}
+
 static void check_bcast_order(uint64_t crossings) {
     host_setup h = {.host = {"a", "b", "a", "b"}, .own_shm_rank = -1};
-    setenv_size(4);
-    setenv("TERSE_CHECK_CALLS", "off", 1); /* its 64-byte descriptors would count too */
-    tr_before_init = set_host;
-    tr_job job = {"tcp", 4, 20000, 90, -1};
-    tr_out *o = tr_run(&job, bcast_order_body, &h);
-    unsetenv("TERSE_CHECK_CALLS");
+    tr_out *o = run_counting(&h, 4, bcast_order_body);
     uint64_t net = 0;
     for (int r = 0; r < 4; r++) {
         cr_expect_eq(o[r].u[2], 0, "rank %d: %llu broadcasts arrived wrong", r,
@@ -493,12 +501,7 @@ static int ring_order_body(terse_comm *c, tr_out *o, const void *arg) {
 
 Test(routed, uneven_interleaved_hosts_cross_once_per_host_allgather_and_allreduce) {
     host_setup h = {.host = {"a", "b", "a", "b", "a", "a"}, .own_shm_rank = -1};
-    setenv_size(6);
-    setenv("TERSE_CHECK_CALLS", "off", 1); /* its descriptors would count too */
-    tr_before_init = set_host;
-    tr_job job = {"tcp", 6, 20000, 90, -1};
-    tr_out *o = tr_run(&job, ring_order_body, &h);
-    unsetenv("TERSE_CHECK_CALLS");
+    tr_out *o = run_counting(&h, 6, ring_order_body);
     const uint64_t N = 6, hops = 2;
     uint64_t ar = 0, ag = 0;
     for (int r = 0; r < 6; r++) {
@@ -528,15 +531,12 @@ Test(routed, uneven_interleaved_hosts_cross_once_per_host_allgather_and_allreduc
 static int hier_gather_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     const int r = terse_comm_rank(c), N = terse_comm_size(c);
-    size_t sizes[TR_MAX_RANKS], total = 0;
+    size_t sizes[TR_MAX_RANKS];
     uint8_t *all = malloc((size_t)N * (RING_B + 64)), *mine = malloc(RING_B + 64);
     if (!all || !mine) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
     for (int round = 0; round < 2; round++) {
-        total = 0;
-        for (int q = 0; q < N; q++) {
+        for (int q = 0; q < N; q++)
             sizes[q] = round == 0 ? RING_B : (q == 1 ? 0 : RING_B / 3 + (size_t)q * 7);
-            total += sizes[q];
-        }
         for (size_t i = 0; i < sizes[r]; i++) mine[i] = (uint8_t)(i * 11 + (size_t)r + 40 * round);
         TR_CALL(o, terse_barrier(c));
         const uint64_t before = c->fabric->bytes_sent;
@@ -554,19 +554,13 @@ static int hier_gather_body(terse_comm *c, tr_out *o, const void *arg) {
             at += sizes[q];
         }
     }
-    (void)total;
     free(all), free(mine);
     return 0;
 }
 
 Test(routed, allgather_between_hosts_sends_each_block_across_once) {
     host_setup h = {.host = {"a", "b", "a", "b"}, .own_shm_rank = -1};
-    setenv_size(4);
-    setenv("TERSE_CHECK_CALLS", "off", 1);
-    tr_before_init = set_host;
-    tr_job job = {"tcp", 4, 20000, 90, -1};
-    tr_out *o = tr_run(&job, hier_gather_body, &h);
-    unsetenv("TERSE_CHECK_CALLS");
+    tr_out *o = run_counting(&h, 4, hier_gather_body);
     uint64_t net = 0;
     for (int r = 0; r < 4; r++) {
         cr_expect_eq(o[r].u[2], 0, "rank %d: %llu wrong blocks or counts", r,
