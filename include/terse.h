@@ -564,6 +564,24 @@ typedef struct terse_comm terse_comm;
  *                           hier: at any size); flat keeps one provider for every pair
  *                           and the flat algorithms (see
  *                           terse_comm_topology). Compared at init.
+ *   TERSE_SHM_SEGMENT       auto (default) | off: with every rank on one
+ *                           host over shm (and TERSE_WIRE not mac or
+ *                           seal), the ranks make a shared-memory segment
+ *                           of their own at init (mode 0600, a random
+ *                           name, unlinked once every rank has it) and
+ *                           the dense all-reduce runs over it instead of
+ *                           libfabric's shm (terse_allreduce_algorithm:
+ *                           "dense-seg"): each element summed in rank
+ *                           order, nothing through the transport, so
+ *                           terse_comm_stats counts no bytes for it. A
+ *                           rank killed or stopped in it is named within
+ *                           the store's grace or the timeout, as on the
+ *                           transport. off keeps libfabric's shm.
+ *                           Compared at init.
+ *   TERSE_SEGMENT_STEP_BYTES what one step of the segment's all-reduce
+ *                           moves (default 256 KiB, 4 KiB .. 16 MiB; the
+ *                           segment holds 2 (ranks + 1) steps). Compared
+ *                           at init.
  *   TERSE_CHECK_CALLS       on (default) | off: off sends no call
  *                           descriptors (see "Arguments that differ
  *                           between ranks" above), saving one small message

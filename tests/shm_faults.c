@@ -11,7 +11,10 @@
  *   shm_faults [--trials N] [--seed S] [--timeout-ms T] [-q]
  *
  * runs N trials (default 10) of each of: SIGKILL x 2 ranks, SIGKILL x 3,
- * SIGSTOP x 2, SIGSTOP x 3, and prints one line per configuration:
+ * SIGSTOP x 2, SIGSTOP x 3 -- alternating between the host's shared segment
+ * (even trials; the default all-reduce path) and libfabric's shm
+ * (TERSE_SHM_SEGMENT=off, odd trials) -- and prints one line per
+ * configuration and path:
  * trials, hangs, wrong results, and the survivors' min / median / max time
  * from the signal to their return. Exit 0 only with no hang and no wrong
  * result. `ctest` runs the default; 100 trials is the long campaign. */
@@ -40,10 +43,14 @@ typedef struct {
     int status;
     double end_ms;
     char err[400];
+    int segment;            /* its all-reduces took the host's shared segment */
 } rank_out;
 
 static void rank_main(int r, int nranks, const char *addr, int timeout_ms, unsigned seed,
-                      rank_out *o) {
+                      int path, rank_out *o) {
+    /* path 0: the host's shared segment (terse's own, the default);
+     * 1: libfabric's shm carries the all-reduces too */
+    setenv("TERSE_SHM_SEGMENT", path ? "off" : "auto", 1);
     terse_comm_config cfg = TERSE_COMM_CONFIG_INIT;
     cfg.rank = r, cfg.nranks = nranks, cfg.addr = addr, cfg.provider = "shm";
     cfg.token = "shm-faults-trial-token", cfg.timeout_ms = timeout_ms;
@@ -58,6 +65,7 @@ static void rank_main(int r, int nranks, const char *addr, int timeout_ms, unsig
     }
     const size_t max_n = (size_t)1 << 20;
     float *x = calloc(max_n, sizeof(float));
+    o->segment = !strcmp(terse_allreduce_algorithm(c, NULL, max_n), "dense-seg");
     o->started = 1;
     for (unsigned i = 0;; i++) {
         size_t n = (size_t)1 << ((seed + i * 7) % 21); /* 1 .. 1M floats */
@@ -85,7 +93,8 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* One trial; returns 0 if every survivor returned as the contract says. */
-static void trial(int nranks, int sig, int timeout_ms, unsigned seed, int quiet, tally *t) {
+static void trial(int nranks, int sig, int timeout_ms, unsigned seed, int path, int quiet,
+                  tally *t) {
     rank_out *o = mmap(NULL, sizeof(rank_out) * MAX_RANKS, PROT_READ | PROT_WRITE,
                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     memset(o, 0, sizeof(rank_out) * MAX_RANKS);
@@ -97,7 +106,7 @@ static void trial(int nranks, int sig, int timeout_ms, unsigned seed, int quiet,
         pid[r] = fork();
         if (pid[r] == 0) {
             alarm((unsigned)(timeout_ms / 1000 + 30)); /* a hang never outlives us */
-            rank_main(r, nranks, addr, timeout_ms, seed, &o[r]);
+            rank_main(r, nranks, addr, timeout_ms, seed, path, &o[r]);
         }
     }
     const int victim = 1 + (int)(seed % (unsigned)(nranks - 1));
@@ -120,6 +129,11 @@ static void trial(int nranks, int sig, int timeout_ms, unsigned seed, int quiet,
         }
         int ok = (o[r].status == TERSE_ERR_PEER_LOST || o[r].status == TERSE_ERR_TIMEOUT) &&
                  strstr(o[r].err, "rank ") != NULL;
+        if (o[r].segment != !path) { /* the trial ran on the other path */
+            ok = 0;
+            snprintf(o[r].err, sizeof o[r].err, "its all-reduces %s the shared segment",
+                     path ? "took" : "did not take");
+        }
         if (!ok) {
             t->wrong++;
             bad = 1;
@@ -143,7 +157,8 @@ static void trial(int nranks, int sig, int timeout_ms, unsigned seed, int quiet,
 static void usage(FILE *f) {
     fprintf(f, "usage: shm_faults [--trials N] [--seed S] [--timeout-ms T] [-q]\n"
                "  N trials (default 10, at most 100) of each of SIGKILL and SIGSTOP, with 2 and\n"
-               "  3 ranks, on libfabric's shm provider; T is the communicator's timeout (default\n"
+               "  3 ranks, on libfabric's shm provider (the trials alternate between terse's shared\n"
+               "  segment and libfabric's shm for the all-reduces); T is the communicator's timeout (default\n"
                "  1000). Exit 0 only if every survivor returned PEER_LOST or TIMEOUT naming a\n"
                "  rank within T + %.0f ms.\n", SLACK_MS);
 }
@@ -176,19 +191,25 @@ int main(int argc, char **argv) {
     const int sigs[2] = {SIGKILL, SIGSTOP};
     for (int si = 0; si < 2; si++)
         for (int nranks = 2; nranks <= MAX_RANKS; nranks++) {
-            static tally t;
-            memset(&t, 0, sizeof t);
+            /* the trials alternate between the two all-reduce paths */
+            static tally t[2];
+            memset(t, 0, sizeof t);
             for (int k = 0; k < trials; k++)
-                trial(nranks, sigs[si], timeout_ms, seed * 1000u + (unsigned)k, quiet, &t);
-            qsort(t.t, (size_t)t.nt, sizeof t.t[0], cmp_double);
-            printf("shm %s x%d: %d trials, %d hangs, %d wrong, %d survivors freed by the "
-                   "watchdog; survivors returned %.0f / %.0f / %.0f ms (min / median / max) "
-                   "after the signal, timeout %d ms\n",
-                   strsignal(sigs[si]), nranks, t.trials, t.hangs, t.wrong, t.watchdog,
-                   t.nt ? t.t[0] : 0.0, t.nt ? t.t[t.nt / 2] : 0.0, t.nt ? t.t[t.nt - 1] : 0.0,
-                   timeout_ms);
-            fflush(stdout);
-            failed |= t.hangs || t.wrong;
+                trial(nranks, sigs[si], timeout_ms, seed * 1000u + (unsigned)k, k % 2, quiet,
+                      &t[k % 2]);
+            for (int p = 0; p < 2; p++) {
+                tally *u = &t[p];
+                if (!u->trials) continue;
+                qsort(u->t, (size_t)u->nt, sizeof u->t[0], cmp_double);
+                printf("shm %s x%d (%s): %d trials, %d hangs, %d wrong, %d survivors freed by "
+                       "the watchdog; survivors returned %.0f / %.0f / %.0f ms (min / median / "
+                       "max) after the signal, timeout %d ms\n",
+                       strsignal(sigs[si]), nranks, p ? "libfabric's shm" : "shared segment",
+                       u->trials, u->hangs, u->wrong, u->watchdog, u->nt ? u->t[0] : 0.0,
+                       u->nt ? u->t[u->nt / 2] : 0.0, u->nt ? u->t[u->nt - 1] : 0.0, timeout_ms);
+                fflush(stdout);
+                failed |= u->hangs || u->wrong;
+            }
         }
     return failed;
 }

@@ -119,6 +119,13 @@ Test(dense_allreduce, three_ranks_shm) { check_dense("shm", 3); }
 Test(dense_allreduce, three_ranks_tcp) { check_dense("tcp", 3); }
 Test(dense_allreduce, four_ranks_shm) { check_dense("shm", 4); }
 Test(dense_allreduce, four_ranks_tcp) { check_dense("tcp", 4); }
+/* shm's all-reduces above take the host's shared segment; libfabric's shm
+ * carries recursive doubling and the ring here */
+Test(dense_allreduce, three_ranks_shm_transport) {
+    setenv("TERSE_SHM_SEGMENT", "off", 1);
+    check_dense("shm", 3);
+    unsetenv("TERSE_SHM_SEGMENT");
+}
 
 /* ------------------------------------------------------------ codecs */
 
@@ -546,9 +553,13 @@ Test(comm_stats, byte_counts_are_exact) {
     /* the expected counts assume the default algorithm choices */
     unsetenv("TERSE_RD_MAX_BYTES");
     unsetenv("TERSE_RING_CHUNK_BYTES");
+    /* the transport's paths: the host's shared segment sends nothing
+     * through it (test_segment.c counts that) */
+    setenv("TERSE_SHM_SEGMENT", "off", 1);
     const int N = 3;
     tr_job job = {"shm", N, 10000, 30, -1};
     tr_out *o = tr_run(&job, stats_body, NULL);
+    unsetenv("TERSE_SHM_SEGMENT");
     for (int r = 0; r < N; r++) {
         const uint64_t *u = o[r].u;
         /* ring: reduce-scatter sends every segment but r+1 and receives

@@ -26,6 +26,7 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
     const size_t n = 2u << 20;
     float *y = calloc(n, sizeof(float));
     TR_CALL(o, terse_allreduce(c, y, n, NULL, TERSE_OP_SUM));
+    o->hash[1] = !strcmp(terse_allreduce_algorithm(c, NULL, n), "dense-seg");
     tr_last_rank_dies_in(c, 150);
     if (tr_allreduce_until_failure(c, o, y, n, NULL, TERSE_OP_SUM, 2000, NULL)) {
         o->u[1] = (uint64_t)terse_barrier(c);
@@ -43,7 +44,7 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
  * spins inside libfabric. The engine's watchdog gives up on such a thread
  * (algos/engine/engine.c), so every survivor must return, shm included:
  * tests/shm_faults runs the kill and stop trials. */
-static void check_killed_rank(const char *provider) {
+static void check_killed_rank(const char *provider, int segment) {
     const int N = 3;
     tr_job job = {provider, N, TIMEOUT_MS, 20, N - 1};
     if (!strcmp(provider, "tcp")) tr_known_segv = TR_RXM_TEARDOWN_SEGV;
@@ -52,6 +53,8 @@ static void check_killed_rank(const char *provider) {
     for (int r = 0; r < N - 1; r++) {
         if (!o[r].finished) continue; /* the known crash: tr_run warned */
         terse_status s = (terse_status)o[r].u[0];
+        cr_expect_eq(o[r].hash[1], (uint64_t)segment, "%s: survivor %d: the all-reduces %s the "
+                     "host's shared segment", provider, r, segment ? "did not take" : "took");
         cr_expect(s == TERSE_ERR_PEER_LOST || s == TERSE_ERR_TIMEOUT,
                   "%s: survivor %d got %s (%s)", provider, r, terse_status_name(s), o[r].err);
         cr_expect_leq(o[r].val[0], TIMEOUT_MS + plain_slack_ms(SLACK_MS),
@@ -70,10 +73,15 @@ static void check_killed_rank(const char *provider) {
 }
 
 Test(comm_failure, killed_rank_is_reported_by_every_survivor_within_the_timeout_shm) {
-    check_killed_rank("shm");
+    check_killed_rank("shm", 1); /* the host's shared segment carries the all-reduces */
+}
+Test(comm_failure, killed_rank_is_reported_by_every_survivor_within_the_timeout_shm_transport) {
+    setenv("TERSE_SHM_SEGMENT", "off", 1); /* libfabric's shm carries them */
+    check_killed_rank("shm", 0);
+    unsetenv("TERSE_SHM_SEGMENT");
 }
 Test(comm_failure, killed_rank_is_reported_by_every_survivor_within_the_timeout_tcp) {
-    check_killed_rank("tcp");
+    check_killed_rank("tcp", 0);
 }
 
 /* Rank 1 stays connected but never calls the collective. */

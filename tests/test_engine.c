@@ -168,8 +168,8 @@ static int group_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
-Test(groups, small_dense_allreduces_fuse_into_few_exchanges_with_identical_bits_tcp_3) {
-    tr_job job = {"tcp", 3, 20000, 60, -1};
+static void check_group(const char *provider) {
+    tr_job job = {provider, 3, 20000, 60, -1};
     tr_out *o = tr_run(&job, group_body, NULL);
     for (int r = 0; r < 3; r++) {
         cr_expect_eq(o[r].u[2], 0, "rank %d: %llu group members differ from separate calls", r,
@@ -186,6 +186,13 @@ Test(groups, small_dense_allreduces_fuse_into_few_exchanges_with_identical_bits_
     }
     tr_release(o);
 }
+
+Test(groups, small_dense_allreduces_fuse_into_few_exchanges_with_identical_bits_tcp_3) {
+    check_group("tcp");
+}
+/* over the host's shared segment: a fused batch must take it too (its sums
+ * in rank order differ from recursive doubling's at 3 ranks) */
+Test(groups, small_dense_allreduces_fuse_with_identical_bits_shm_3) { check_group("shm"); }
 
 /* ------------------------------------------------------------ abort */
 
@@ -209,7 +216,7 @@ static void *abort_later(void *arg) {
  * (each 150 ms after its own start); rank 2 does not. u[0]: the wait's status; val[0]: abort -> return (ms);
  * u[1]: the next call's status; val[1]: start -> return (ms). */
 static int abort_body(terse_comm *c, tr_out *o, const void *arg) {
-    (void)arg;
+    const int delay_ms = *(const int *)arg; /* from the call's start */
     const int r = terse_comm_rank(c);
     float *x = malloc(ABORT_FLOATS * sizeof(float));
     for (size_t i = 0; i < ABORT_FLOATS; i++) x[i] = (float)r;
@@ -217,7 +224,7 @@ static int abort_body(terse_comm *c, tr_out *o, const void *arg) {
     terse_request *q;
     double t0 = tr_now_ms();
     TR_CALL(o, terse_allreduce_start(c, x, ABORT_FLOATS, NULL, TERSE_OP_SUM, &q));
-    aborter a = {c, 150, 0};
+    aborter a = {c, delay_ms, 0};
     pthread_t th;
     if (r < 2) pthread_create(&th, NULL, abort_later, &a);
     terse_status s = terse_request_wait(q);
@@ -234,10 +241,20 @@ static int abort_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
+static void check_abort(const char *provider);
 Test(abort, from_a_second_thread_during_256MB_returns_fast_and_others_fail_tcp_3) {
-    tr_job job = {"tcp", 3, 10000, 60, -1};
+    check_abort("tcp");
+}
+/* over the host's shared segment: the abort flag at every step */
+Test(abort, from_a_second_thread_during_256MB_returns_fast_and_others_fail_shm_3) {
+    check_abort("shm");
+}
+static void check_abort(const char *provider) {
+    tr_job job = {provider, 3, 10000, 60, -1};
+    /* well inside the call: the segment moves 256 MB faster than tcp */
+    const int delay_ms = strcmp(provider, "shm") ? 150 : 20;
     tr_known_segv = TR_RXM_TEARDOWN_SEGV;
-    tr_out *o = tr_run(&job, abort_body, NULL);
+    tr_out *o = tr_run(&job, abort_body, &delay_ms);
     tr_known_segv = NULL;
     /* Ranks 0 and 1 abort about together, never exactly: the first to
      * abort closes its end, and the other's request may fail of that

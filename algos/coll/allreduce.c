@@ -1,6 +1,8 @@
 /* terse_allreduce: checks its arguments and picks the algorithm.
  *
- *   no codec            dense fp32: recursive doubling up to
+ *   no codec            dense fp32: with every rank on one host, over the
+ *                       host's shared segment (seg_allreduce.c) unless
+ *                       TERSE_SHM_SEGMENT=off; else recursive doubling up to
  *                       TERSE_RD_MAX_BYTES (64 KiB), else the pipelined ring;
  *                       with several hosts of equal size (and TERSE_TOPOLOGY
  *                       not flat) the hierarchical one above that size
@@ -42,6 +44,7 @@
 #include "compress/aggregate.h"
 
 terse_status terse__allreduce_dense(terse_comm *c, float *buf, size_t n, int divide) {
+    if (c->seg) return terse__allreduce_seg(c, buf, n, divide);
     if (terse__hier_wanted(c, n)) return terse__allreduce_hier(c, buf, n, divide);
     if (n <= terse__rd_max_bytes(c) / sizeof(float)) return terse__allreduce_rd(c, buf, n, divide);
     return terse__allreduce_ring(c, buf, n, divide);
@@ -164,6 +167,7 @@ const char *terse_allreduce_algorithm(const terse_comm *c, const terse_codec *co
     if (!c) return "invalid";
     if (!codec) {
         if (c->nranks == 1) return "local";
+        if (c->seg) return "dense-seg";
         if (terse__hier_wanted(c, n)) return "dense-hier";
         return n <= terse__rd_max_bytes(c) / sizeof(float) ? "dense-rd" : "dense-ring";
     }

@@ -101,6 +101,9 @@ typedef struct terse__params {
                                 all-gather holds (0: never cut), default 256 KiB (agreed) */
     size_t topology;         /* TERSE_TOPOLOGY: 0 auto, 1 flat, 2 hier (agreed) */
     size_t check_calls_off;  /* TERSE_CHECK_CALLS=off: no call descriptors (agreed) */
+    size_t shm_segment;      /* TERSE_SHM_SEGMENT: 0 auto, 1 off (agreed) */
+    size_t segment_step_bytes; /* TERSE_SEGMENT_STEP_BYTES: what one step of the shared
+                                  segment's all-reduce moves, default 256 KiB (agreed) */
 } terse__params;
 
 /* 256 KiB: the transport moves a piece only between encodes (one progress
@@ -186,6 +189,12 @@ struct terse_comm {
     uint8_t desc_mine[TERSE__COMM_DESC_BYTES], desc_theirs[TERSE__COMM_DESC_BYTES];
     terse__fabric_req desc_req[2];
     int same_host;       /* every rank on this host (join's step 3) */
+    /* The host's shared segment (transport/segment.h; comm_segment.c): set
+     * when every rank is on this host and the ranks agreed to use it; the
+     * dense all-reduce then runs over it (seg_allreduce.c). seg_step: the
+     * steps run over it so far, the same on every rank. */
+    struct terse__seg *seg;
+    uint64_t seg_step;
     /* A colocated parameter server's communicators (engine_twin.c): they
      * share parent's store (not owned) and number their ranks virtually,
      * [0, vreal) the ranks' server endpoints, [vreal, 2 vreal) their worker
@@ -319,6 +328,18 @@ terse_status terse__comm_poll_gone(terse_comm *c, const uint8_t **map);
 terse_status terse__comm_hosts(terse_comm *c, int timeout_ms);
 /* A single rank: host 0 of 1, local rank 0 of 1. */
 void terse__comm_hosts_single(terse_comm *c);
+
+/* ---- the host's shared segment (comm_segment.c) ---- */
+
+/* At init, after the wire is set up (two store all-gathers on every rank
+ * of a job of several, a replacement's included): when every rank is on
+ * this host, TERSE_SHM_SEGMENT is not off, the wire is not authenticated
+ * (TERSE_WIRE auto or none on shm) and this is not a replacement, the
+ * ranks make and attach the segment; if any rank cannot, none uses it (the
+ * rank that could not says why on stderr). Fails only if the store does. */
+terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms);
+/* Unmap it (terse_comm_free; not while an executor may be inside it). */
+void terse__comm_segment_close(terse_comm *c);
 
 /* ---- joining and leaving (comm_join.c) ---- */
 

@@ -181,6 +181,10 @@ terse_status terse__comm_take_back(terse_comm *c, int *rank) {
                                        n->blob + 5 + NAME_BYTES);
     if (s == TERSE_OK) {
         *rank = n->rank;
+        /* The replacement is not in the host's segment: from now on this
+         * rank's all-reduces go through the transport (seg_allreduce.c
+         * says what a survivor that has not heard yet does). */
+        terse__comm_segment_close(c);
         fprintf(stderr, "terse: rank %d: rank %d is back (a replacement, incarnation %u)\n",
                 c->rank, n->rank, n->incarnation);
     } else {
@@ -270,6 +274,7 @@ terse_status terse__comm_join(const terse_comm_config *config, terse_comm **out)
             c->desc_block = 1; /* some peers are on shm: comm_desc.c says why */
         }
         TERSE_CHECK_GOTO(setup_wire(c, L.token, deadline), s, fail);
+        TERSE_CHECK_GOTO(terse__comm_segment_setup(c, L.rejoin, left_ms(c, deadline)), s, fail);
         if (L.rejoin) TERSE_CHECK_GOTO(announce_back(c), s, fail);
     } else {
         uint8_t name[NAME_BYTES];
@@ -386,6 +391,7 @@ void terse__comm_leave(terse_comm *c) {
      * leave without one, so that ranks still waiting on us are told at
      * once that we are gone instead of running into their timeout. */
     close_fabric(c);
+    terse__comm_segment_close(c);
     if (c->parent) { /* the store is its parent's: tell the peers' flushes */
         if (!c->failed && c->store)
             (void)terse__store_tell_endpoint_closed(c->store, c->vgen, c->rank >= c->vreal);

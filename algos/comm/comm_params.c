@@ -14,12 +14,13 @@
 #include "common/env.h"
 #include "common/error.h"
 
-#define NPARAMS 8
+#define NPARAMS 10
 
 static const char *const names[NPARAMS] = {"TERSE_RD_MAX_BYTES", "TERSE_RING_CHUNK_BYTES",
                                            "TERSE_CHUNK_BYTES", "TERSE_WIRE",
                                            "TERSE_COMPRESSED_ALGO", "TERSE_PIPELINE_BYTES",
-                                           "TERSE_TOPOLOGY", "TERSE_CHECK_CALLS"};
+                                           "TERSE_TOPOLOGY", "TERSE_CHECK_CALLS",
+                                           "TERSE_SHM_SEGMENT", "TERSE_SEGMENT_STEP_BYTES"};
 
 static void as_array(const terse__params *p, uint64_t v[NPARAMS]) {
     v[0] = p->rd_max_bytes;
@@ -30,6 +31,8 @@ static void as_array(const terse__params *p, uint64_t v[NPARAMS]) {
     v[5] = p->pipeline_bytes;
     v[6] = p->topology;
     v[7] = p->check_calls_off;
+    v[8] = p->shm_segment;
+    v[9] = p->segment_step_bytes;
 }
 
 terse_status terse__params_read(int rank, terse__params *p) {
@@ -63,6 +66,13 @@ terse_status terse__params_read(int rank, terse__params *p) {
     int calls_off = 0;
     if (s == TERSE_OK) s = terse__env_choice("TERSE_CHECK_CALLS", onoff, 0, &calls_off);
     p->check_calls_off = (size_t)calls_off;
+    static const char *const segs[] = {"auto", "off", NULL};
+    int seg = 0;
+    if (s == TERSE_OK) s = terse__env_choice("TERSE_SHM_SEGMENT", segs, 0, &seg);
+    p->shm_segment = (size_t)seg;
+    if (s == TERSE_OK)
+        s = terse__env_bytes(names[9], (size_t)256 << 10, 4096, (size_t)16 << 20,
+                             &p->segment_step_bytes);
     if (s == TERSE_OK)
         s = terse__env_bytes(names[5], TERSE__PIPELINE_BYTES_DEFAULT, 0, (size_t)1 << 40,
                              &p->pipeline_bytes);
@@ -72,6 +82,7 @@ terse_status terse__params_read(int rank, terse__params *p) {
         return TERSE_ERROR(s, "rank %d: %s", rank, why);
     }
     p->ring_chunk_bytes &= ~(size_t)63; /* whole cache lines, and whole floats */
+    p->segment_step_bytes &= ~(size_t)63;
     return TERSE_OK;
 }
 
@@ -95,17 +106,19 @@ terse_status terse__params_agree(terse_comm *c, int timeout_ms) {
                                 w[mine[i] % 4], c->rank, w[theirs % 4], r);
                 break;
             }
-            if (i == 4 || i == 6 || i == 7) { /* choices */
+            if (i == 4 || i == 6 || i == 7 || i == 8) { /* choices */
                 static const char *const a[] = {"auto", "gather", "rs"};
                 static const char *const t[] = {"auto", "flat", "hier"};
                 static const char *const k[] = {"on", "off", "?"};
-                const char *const *v = i == 4 ? a : i == 6 ? t : k;
+                static const char *const g[] = {"auto", "off", "?"};
+                const char *const *v = i == 4 ? a : i == 6 ? t : i == 7 ? k : g;
                 s = TERSE_ERROR(TERSE_ERR_INVALID,
                                 "%s is %s on rank %d but %s on rank %d; ranks that disagree "
                                 "would %s: set it alike on every rank (or unset it everywhere)",
                                 names[i], v[mine[i] % 3], c->rank, v[theirs % 3], r,
                                 i == 4   ? "run different algorithms"
                                 : i == 6 ? "route and run collectives differently"
+                                : i == 8 ? "run different all-reduce algorithms"
                                          : "send different messages");
                 break;
             }

@@ -196,7 +196,8 @@ static int fusable(const terse_request *m, const terse_comm *c) {
 }
 
 /* One fused batch: members from `first` on with this op, up to the byte
- * cap, marked in `taken`. Copy in, one recursive doubling, copy out. */
+ * cap, marked in `taken`. Copy in, one recursive doubling (or the host's
+ * shared segment), copy out. */
 static terse_status fuse_batch(terse_comm *c, terse_request **members, size_t count,
                                size_t first, char *taken) {
     terse_op op = members[first]->a.ar.op;
@@ -217,7 +218,13 @@ static terse_status fuse_batch(terse_comm *c, terse_request **members, size_t co
             off += members[i]->a.ar.n;
         }
     terse_status s = terse__comm_desc_start(c, TERSE__OP_GROUP, total, (uint32_t)op, NULL);
-    if (s == TERSE_OK) s = terse__allreduce_rd(c, buf, total, op == TERSE_OP_AVG);
+    /* the path a single call of this size takes, so each member gets the
+     * bits its own call would give: the segment sums every element in rank
+     * order whatever the length; recursive doubling's tree does not depend
+     * on it either */
+    if (s == TERSE_OK)
+        s = c->seg ? terse__allreduce_seg(c, buf, total, op == TERSE_OP_AVG)
+                   : terse__allreduce_rd(c, buf, total, op == TERSE_OP_AVG);
     TERSE_CHECK(terse__comm_desc_end(c, s));
     size_t members_in_batch = 0;
     for (size_t i = first; i < count; i++) members_in_batch += taken[i] == 2;

@@ -23,8 +23,9 @@ check() { # provider extra-args...
         return
     fi
     # 3 codecs x 3 sizes (64K, 256K, 1M), each 'ok' with time > 0 and, for
-    # two ranks, bytes on the wire > 0; columns by their header names. Two
-    # ranks: dense takes recursive doubling or the ring, topk and int8 the
+    # two ranks, bytes on the wire > 0 (none for dense over the host's shared
+    # segment, dense-seg); columns by their header names. Two ranks: dense
+    # takes the segment (shm), recursive doubling or the ring, topk and int8 the
     # all-gather of messages. algbw and busbw are nccl-tests' on every row,
     # compressed or not (bytes / time, then x 2(N-1)/N), and wirebw is the
     # wire bytes per rank / time (within the CSV's rounding).
@@ -39,13 +40,14 @@ check() { # provider extra-args...
         { status = $col["status"]; algo = $col["algo"]; t = $col["time_us"]
           n_ranks = $col["nranks"]; alg = $col["algbw_gbps"]; bus = $col["busbw_gbps"]
           wire = $col["wire_bytes"]; wbw = $col["wirebw_gbps"] }
-        status == "ok" && t > 0 && wire > 0 && wbw > 0 &&
+        status == "ok" && t > 0 &&
+            ((wire > 0 && wbw > 0) || (algo == "dense-seg" && wire == 0 && wbw == 0)) &&
             near(alg, 1e-3 * $col["bytes"] / t) &&
             near(bus, alg * 2 * (n_ranks - 1) / n_ranks) && near(wbw, 1e-3 * wire / t) &&
             (mpi == "" || ($col["mpi_time_us"] > 0 && $col["vs_mpi"] > 0 &&
                            near($col["mpi_busbw_gbps"],
                                 $col["mpi_algbw_gbps"] * 2 * (n_ranks - 1) / n_ranks))) &&
-            (($1 ~ /^"dense( \[wire (mac|none)\])?"$/ && algo ~ /^dense-(rd|ring)$/) ||
+            (($1 ~ /^"dense( \[wire (mac|none)\])?"$/ && algo ~ /^dense-(rd|ring|seg)$/) ||
              ($1 !~ /^"dense/ && algo ~ /^gather(-pipe)?$/)) { n++ }
         END { print n + 0 }' "$out")
     if [[ $got != "$want" ]]; then
@@ -99,7 +101,7 @@ vs_flat_rows() {
             d < 1e-3 && d > -1e-3 { n++ }
         END { print n + 0 }' "$out"
 }
-got=$(vs_flat_rows 1x2 '^dense-(rd|ring)$' -n 2 --provider shm -b 64K -e 1M -f 4)
+got=$(vs_flat_rows 1x2 '^dense-(rd|ring|seg)$' -n 2 --provider shm -b 64K -e 1M -f 4)
 if [[ $got != 3 ]]; then
     echo "FAIL: --vs-flat over shm: expected 3 ok rows (topology 1x2, flat time, ratio), got $got"
     cat "$out"

@@ -522,6 +522,11 @@ int bench_train_main(int argc, char **argv) {
     int rc = train_parse_args(argc, argv, &o);
     if (rc < 0) return fflush(stdout) == 0 ? BENCH_EXIT_OK : BENCH_EXIT_RUNTIME;
     if (rc > 0) return rc;
+    /* The bytes columns count what the workers send, the point of this
+     * benchmark: dense all-reduces go through the transport on one host too
+     * (the host's shared segment sends nothing), unless the caller set
+     * TERSE_SHM_SEGMENT. Set before the workers start: they inherit it. */
+    setenv("TERSE_SHM_SEGMENT", "off", 0);
     if (o.worker || getenv("TERSE_RANK")) return train_worker_main(&o);
     return train_launch(argc, argv, &o);
 }

@@ -1,0 +1,233 @@
+/* The dense all-reduce over the host's shared segment (transport/segment.h),
+ * for a job whose ranks all share one host (issue 28, item 4: where
+ * libfabric's shm, a CMA copy and a region lock per message, is the limit).
+ *
+ * The buffer goes through in steps of step_floats floats (TERSE_SEGMENT_
+ * STEP_BYTES, 256 KiB by default: a step's blocks stay in the caches while
+ * the ranks pass them on). Step s (numbered on the communicator, the same on
+ * every rank), parity p = s % 2, L ranks, this rank's member index j:
+ *   1. wait until every member has finished step s - 2 (its done flag), the
+ *      last one that used parity p; copy this rank's slice into its input
+ *      block of parity p; publish in = s;
+ *   2. wait until every member's in >= s; sum share j of the slice (the
+ *      slice cut into L nearly equal shares) over the L input blocks in
+ *      member order into the output block (and divide, for an average);
+ *      publish out = s;
+ *   3. wait until every member's out >= s; copy the output block back into
+ *      the buffer; publish done = s.
+ * Two parities let a rank run one step ahead of the slowest. Each flag is
+ * written by its member alone (release) and read by the others (acquire),
+ * so the blocks need no lock. Every rank copies the same output block: every
+ * rank ends with the same bits; the sum of each element is formed in rank
+ * order, x_0 + x_1 + ... + x_{L-1}, whatever the timing, the same bits from
+ * run to run (recursive doubling and the ring it replaces sum in other
+ * orders: the bits differ from theirs for L > 2).
+ *
+ * Memory traffic per rank and step of S bytes: copy in (S read, S written),
+ * the sum of its share (S read, S / L written), copy out (S read, S written):
+ * about 5 S + S / L, nearly all of it in the caches, and no system call,
+ * where libfabric's shm ring moves each chunk with process_vm_readv and
+ * stages it (docs/collectives.md).
+ *
+ * The failure contract. Every step looks at the abort flag. A wait watches
+ * the awaited flags; every millisecond of the call it also runs the
+ * communicator's progress round, which polls the store
+ * (a SIGKILLed rank's store connection drops: the survivors fail with
+ * TERSE_ERR_PEER_LOST naming it within the store's grace), the call
+ * descriptors (ranks that passed other sizes fail with the descriptor's
+ * sentence) and the abort flag. A flag that does not move for the
+ * communicator's timeout fails with TERSE_ERR_TIMEOUT naming the rank that
+ * did not move (stopped, stuck or far behind). Every member publishes its
+ * call's element count and op with its input, and a rank whose call
+ * differs fails the step with TERSE_ERR_SHAPE (with TERSE_CHECK_CALLS=off,
+ * which sends no call descriptors, nothing else would notice before the
+ * data mixed). Nothing here takes a lock, so
+ * a rank killed mid-step leaves nothing the others could spin on. After any
+ * failure the communicator has failed; the segment's state does not matter.
+ *
+ * A survivor whose peer was replaced (comm_join.c, terse__comm_take_back)
+ * leaves the segment; one that has not heard of the replacement yet still
+ * waits in it and times out naming the replaced rank, never reads data the
+ * replacement did not write. */
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+
+#include "algos/coll/coll.h"
+#include "algos/coll/ring.h"
+#include "common/error.h"
+#include "transport/segment.h"
+
+enum { FLAG_IN, FLAG_OUT, FLAG_DONE };
+
+static const char *const phase_name[] = {"its input", "its share of the sum",
+                                         "its copy of the result"};
+
+static uint64_t flag_load(terse__seg_flags *f, int which) {
+    _Atomic uint64_t *p = which == FLAG_IN ? &f->in : which == FLAG_OUT ? &f->out : &f->done;
+    return atomic_load_explicit(p, memory_order_acquire);
+}
+
+static void flag_store(terse__seg_flags *f, int which, uint64_t v) {
+    _Atomic uint64_t *p = which == FLAG_IN ? &f->in : which == FLAG_OUT ? &f->out : &f->done;
+    atomic_store_explicit(p, v, memory_order_release);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* How long a wait spins before it yields the core, yields before it naps,
+ * and how often it runs a progress round. */
+#define SPIN_NS 2000ull
+#define YIELD_NS 200000ull
+#define NAP_NS 20000
+#define PROGRESS_NS 1000000ull
+
+/* One call's waiting: when it last ran a progress round (the clock runs
+ * across the call's waits, so a call of many quick steps still polls the
+ * store and the abort flag every PROGRESS_NS), and the time those rounds
+ * took (they count their own network time). */
+typedef struct {
+    uint64_t progressed, in_progress_ns;
+} waiting;
+
+static terse_status progress(terse_comm *c, waiting *w, uint64_t now) {
+    w->progressed = now;
+    terse_status s = terse__comm_progress(c);
+    w->in_progress_ns += terse__now_ns() - now;
+    return s;
+}
+
+/* Wait until every member's flag `which` is >= want. */
+static terse_status wait_all(terse_comm *c, terse__seg *g, waiting *w, int which, uint64_t want) {
+    const int L = terse__seg_members(g);
+    int next = 0; /* members below `next` are there */
+    uint64_t moved = terse__now_ns();
+    const uint64_t limit = (uint64_t)c->timeout_ms * 1000000ull;
+    for (uint64_t spins = 0;; spins++) {
+        while (next < L && flag_load(terse__seg_flags_of(g, next), which) >= want) {
+            next++;
+            moved = 0; /* set below, with the clock */
+        }
+        if (next == L) break;
+        if (spins < 64) {
+            cpu_relax();
+            continue;
+        }
+        uint64_t now = terse__now_ns();
+        if (moved == 0) moved = now;
+        if (now - w->progressed >= PROGRESS_NS) {
+            terse_status s = progress(c, w, now);
+            if (s != TERSE_OK) return s;
+        }
+        if (now - moved >= limit) {
+            terse__seg_flags *f = terse__seg_flags_of(g, next);
+            terse_status s = TERSE_ERROR(
+                TERSE_ERR_TIMEOUT,
+                "rank %d: waited %d ms in the shared segment's all-reduce (step %llu) for rank "
+                "%d (pid %lld) to publish %s, and it did not: it is stopped, stuck, or no longer "
+                "running the same collectives",
+                c->rank, c->timeout_ms, (unsigned long long)want, next,
+                (long long)atomic_load_explicit(&f->pid, memory_order_relaxed),
+                phase_name[which]);
+            return terse__comm_explain(c, s, 0, 0);
+        }
+        if (now - moved < SPIN_NS) {
+            cpu_relax();
+        } else if (now - moved < YIELD_NS) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, NAP_NS};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return TERSE_OK;
+}
+
+/* After the inputs of a step are in: every member runs the same call (its
+ * element count and op), else TERSE_ERR_SHAPE naming the first that does
+ * not -- with TERSE_CHECK_CALLS=off nothing else would notice, and ranks
+ * with other counts would run other numbers of steps and mix their data. */
+static terse_status same_call(terse_comm *c, terse__seg *g, uint64_t n, uint64_t op) {
+    const int L = terse__seg_members(g);
+    for (int q = 0; q < L; q++) {
+        terse__seg_flags *f = terse__seg_flags_of(g, q);
+        uint64_t qn = atomic_load_explicit(&f->call_n, memory_order_relaxed);
+        uint64_t qop = atomic_load_explicit(&f->call_op, memory_order_relaxed);
+        if (qn != n || qop != op)
+            return TERSE_ERROR(TERSE_ERR_SHAPE,
+                               "rank %d: terse_allreduce of %llu floats (%s) in the shared "
+                               "segment, but rank %d's call is of %llu floats (%s): pass the "
+                               "same count and op on every rank",
+                               c->rank, (unsigned long long)n, op ? "average" : "sum", q,
+                               (unsigned long long)qn, qop ? "average" : "sum");
+    }
+    return TERSE_OK;
+}
+
+/* dst[i] = sum over the L blocks (member order), divided by `divisor` if
+ * divide. */
+static void sum_share(terse__seg *g, int parity, size_t off, size_t len, float *restrict dst,
+                      int divide, float divisor) {
+    const int L = terse__seg_members(g);
+    const float *restrict a = terse__seg_in(g, parity, 0) + off;
+    const float *restrict b = terse__seg_in(g, parity, 1) + off;
+    for (size_t i = 0; i < len; i++) dst[i] = a[i] + b[i];
+    for (int q = 2; q < L; q++) {
+        const float *restrict x = terse__seg_in(g, parity, q) + off;
+        for (size_t i = 0; i < len; i++) dst[i] += x[i];
+    }
+    if (divide)
+        for (size_t i = 0; i < len; i++) dst[i] /= divisor;
+}
+
+terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divide) {
+    terse__seg *g = c->seg;
+    const int L = terse__seg_members(g), me = c->rank;
+    const size_t B = terse__seg_step_floats(g);
+    terse__seg_flags *mine = terse__seg_flags_of(g, me);
+    const uint64_t t_start = terse__now_ns();
+    waiting w = {t_start, 0};
+    double busy = 0;
+    terse_status st = TERSE_OK;
+    for (size_t off = 0; off < n && st == TERSE_OK; off += B) {
+        const size_t m = n - off < B ? n - off : B;
+        const uint64_t s = ++c->seg_step;
+        const int p = (int)(s & 1);
+        /* the abort flag at every step, however quick the waits */
+        st = terse__comm_poll_abort(c, "in the shared segment's all-reduce");
+        if (st == TERSE_OK && s > 2) st = wait_all(c, g, &w, FLAG_DONE, s - 2);
+        if (st != TERSE_OK) break;
+        memcpy(terse__seg_in(g, p, me), buf + off, m * sizeof(float));
+        atomic_store_explicit(&mine->call_n, (uint64_t)n, memory_order_relaxed);
+        atomic_store_explicit(&mine->call_op, (uint64_t)divide, memory_order_relaxed);
+        flag_store(mine, FLAG_IN, s);
+        st = wait_all(c, g, &w, FLAG_IN, s);
+        if (st == TERSE_OK) st = same_call(c, g, (uint64_t)n, (uint64_t)divide);
+        if (st != TERSE_OK) break;
+        size_t po, pl;
+        terse__part(m, (size_t)L, (size_t)me, &po, &pl);
+        uint64_t t0 = terse__now_ns();
+        sum_share(g, p, po, pl, terse__seg_out(g, p) + po, divide, (float)c->nranks);
+        busy += (double)(terse__now_ns() - t0) * 1e-9;
+        flag_store(mine, FLAG_OUT, s);
+        st = wait_all(c, g, &w, FLAG_OUT, s);
+        if (st != TERSE_OK) break;
+        memcpy(buf + off, terse__seg_out(g, p), m * sizeof(float));
+        flag_store(mine, FLAG_DONE, s);
+    }
+    /* the sums count as codec time, the rest (copies, waits) as network
+     * time, as the transport's paths count them; the progress rounds
+     * counted theirs already */
+    double all = (double)(terse__now_ns() - t_start - w.in_progress_ns) * 1e-9;
+    pthread_mutex_lock(&c->stats_lock);
+    c->stats.codec_seconds += busy;
+    c->stats.network_seconds += all > busy ? all - busy : 0;
+    pthread_mutex_unlock(&c->stats_lock);
+    return st;
+}
