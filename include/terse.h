@@ -816,7 +816,8 @@ TERSE_API terse_status terse_allreduce(terse_comm *comm, float *buf, size_t n,
 
 /*
  * The algorithm terse_allreduce runs for n floats with this codec (NULL:
- * dense) on this communicator, for logs and benchmarks: "dense-rd"
+ * dense) on this communicator, for logs and benchmarks: "dense-seg" (the
+ * host's shared segment: TERSE_SHM_SEGMENT), "dense-rd"
  * (recursive doubling), "dense-ring", "dense-hier" (hierarchical:
  * terse_comm_topology), "codec-hier" (a codec's messages between hosts
  * only: terse_comm_topology), "rounds", "summable", "gather",

@@ -312,7 +312,8 @@ class Comm(_Closing):
 
     def allreduce_algorithm(self, n, codec=None):
         """The algorithm allreduce runs for n floats with this codec (None:
-        dense): "dense-rd", "dense-ring", "dense-hier" (hierarchical, several
+        dense): "dense-seg" (the host's shared segment, every rank on one
+        host), "dense-rd", "dense-ring", "dense-hier" (hierarchical, several
         hosts), "codec-hier" (a codec's messages between hosts only, fp32
         inside them), "rounds", "summable", "gather", "gather-pipe" (the
         all-gather in pieces), "rs" (compressed reduce-scatter) or "local"
