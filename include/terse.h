@@ -542,7 +542,11 @@ typedef struct terse_comm terse_comm;
  * only inside terse_request_test / _wait (and the blocking calls), on the
  * caller's thread, so terse_request_test runs the queued collectives up to
  * the one asked about and returns when they are done. Blocking calls made
- * when nothing else is in flight run on the caller's thread in either mode.
+ * when nothing else is in flight run on the caller's thread in either mode
+ * -- except on libfabric's shm, where they go to the progress thread (its
+ * watchdog can give up on a thread stuck in a dead peer's lock), unless
+ * they are dense all-reduces or barriers over the host's shared segment
+ * (TERSE_SHM_SEGMENT), which touch no libfabric.
  *
  * Tuning variables (environment only; set them alike on every rank). Each
  * is read once per communicator, strictly: a malformed value (a typo, an

@@ -193,9 +193,19 @@ Test(comm_failure, arguments_that_differ_fail_every_rank_at_once_naming_both_tcp
     check_mismatch("tcp", &MISMATCH[5]);
 }
 
+/* On shm the descriptors go through the host's shared segment (comm_desc.c):
+ * every kind of disagreement, dense all-reduces and barriers over the
+ * segment included. */
 Test(comm_failure, arguments_that_differ_fail_every_rank_at_once_naming_both_shm) {
+    for (size_t i = 0; i < sizeof MISMATCH / sizeof MISMATCH[0]; i++)
+        check_mismatch("shm", &MISMATCH[i]);
+}
+/* ... and through libfabric's shm without the segment */
+Test(comm_failure, arguments_that_differ_fail_every_rank_at_once_naming_both_shm_transport) {
+    setenv("TERSE_SHM_SEGMENT", "off", 1);
     check_mismatch("shm", &MISMATCH[1]);
     check_mismatch("shm", &MISMATCH[3]);
+    unsetenv("TERSE_SHM_SEGMENT");
 }
 
 /* A job whose rank 1 is never started: rank 0's terse_comm_init fails at

@@ -280,7 +280,7 @@ Test(segment, disagreement_fails_init_on_every_rank) {
  * the segment. The survivors wait for each other before they leave, and the
  * last one to fail kills a stopped victim (its pid in its output's u[50]),
  * so that the job ends with it SIGKILLed either way. */
-typedef struct { int sig; } stop_arg;
+typedef struct { int sig, between; } stop_arg;
 
 static void *stopper(void *p) {
     const stop_arg *a = p;
@@ -300,12 +300,19 @@ static int stop_body(terse_comm *c, tr_out *o, const void *arg) {
     if (r == N - 1) __atomic_store_n(&o->u[50], (uint64_t)getpid(), __ATOMIC_RELEASE);
     tr_say_ready(o);
     tr_wait_all_ready(c, o);
-    if (r == N - 1) {
-        pthread_t t;
-        pthread_create(&t, NULL, stopper, (void *)arg);
-        pthread_detach(t);
+    int failed;
+    if (a->between && r == N - 1) { /* between two calls: the others wait for its descriptor */
+        for (int i = 0; i < 20; i++) TR_CALL(o, terse_allreduce(c, y, n, NULL, TERSE_OP_SUM));
+        raise(a->sig);
+        failed = 0;
+    } else {
+        if (r == N - 1) {
+            pthread_t t;
+            pthread_create(&t, NULL, stopper, (void *)arg);
+            pthread_detach(t);
+        }
+        failed = tr_allreduce_until_failure(c, o, y, n, NULL, TERSE_OP_SUM, 100000, NULL);
     }
-    int failed = tr_allreduce_until_failure(c, o, y, n, NULL, TERSE_OP_SUM, 100000, NULL);
     free(y);
     /* no survivor leaves (and is reported lost to the other) before both
      * have failed; then the last one kills a stopped victim */
@@ -320,9 +327,9 @@ static int stop_body(terse_comm *c, tr_out *o, const void *arg) {
     return tr_fail(o, TERSE_OK, "100000 all-reduces succeeded although a rank stopped");
 }
 
-static void check_stop(int sig) {
+static void check_stop(int sig, int between) {
     const int N = 3;
-    stop_arg a = {sig};
+    stop_arg a = {sig, between};
     tr_job job = {"shm", N, TIMEOUT_MS, 40, N - 1};
     tr_out *o = tr_run(&job, stop_body, &a);
     int timeouts = 0;
@@ -345,8 +352,13 @@ static void check_stop(int sig) {
     tr_release(o);
 }
 
-Test(segment, a_killed_rank_is_named_by_every_survivor) { check_stop(SIGKILL); }
-Test(segment, a_stopped_rank_is_named_by_every_survivor_at_the_timeout) { check_stop(SIGSTOP); }
+Test(segment, a_killed_rank_is_named_by_every_survivor) { check_stop(SIGKILL, 0); }
+Test(segment, a_stopped_rank_is_named_by_every_survivor_at_the_timeout) { check_stop(SIGSTOP, 0); }
+/* Stopped between calls: rank 0 waits for its call descriptor, rank 1 for
+ * rank 0's input -- and names the rank furthest behind too. */
+Test(segment, a_rank_stopped_between_calls_is_named_by_every_survivor) {
+    check_stop(SIGSTOP, 1);
+}
 
 /* With TERSE_CHECK_CALLS=off (no call descriptors) ranks that pass other
  * counts, or other ops, must still fail -- TERSE_ERR_SHAPE from the step

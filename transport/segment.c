@@ -25,7 +25,7 @@ struct terse__seg {
     size_t bytes;
     int members;
     size_t step_floats;
-    size_t flags_off, data_off;
+    size_t flags_off, desc_off, data_off;
     char name[TERSE__SEG_NAME];
     int linked; /* the creator, before terse__seg_unlink */
 };
@@ -37,7 +37,9 @@ static size_t layout(terse__seg *s, int members, size_t step_floats) {
     s->members = members;
     s->step_floats = step_floats;
     s->flags_off = PAGE;
-    s->data_off = s->flags_off + round_page((size_t)members * sizeof(terse__seg_flags));
+    s->desc_off = s->flags_off + round_page((size_t)members * sizeof(terse__seg_flags));
+    s->data_off = s->desc_off + round_page((size_t)members * TERSE__SEG_DESCS *
+                                           TERSE__SEG_DESC_BYTES);
     size_t blocks = 2 * ((size_t)members + 1);
     if (step_floats > ((size_t)1 << 40) / blocks / sizeof(float)) return 0;
     s->bytes = s->data_off + round_page(blocks * step_floats * sizeof(float));
@@ -181,11 +183,39 @@ void terse__seg_close(terse__seg *s) {
     free(s);
 }
 
+int terse__seg_laggard(terse__seg *s, int me) {
+    int best = -1;
+    uint64_t bk[5] = {0};
+    for (int q = 0; q < s->members; q++) {
+        if (q == me) continue;
+        terse__seg_flags *f = terse__seg_flags_of(s, q);
+        uint64_t k[5] = {atomic_load(&f->desc_seq), atomic_load(&f->in), atomic_load(&f->out),
+                         atomic_load(&f->done), atomic_load(&f->bar)};
+        int less = best < 0;
+        for (int i = 0; i < 5 && !less; i++) {
+            if (k[i] != bk[i]) {
+                less = k[i] < bk[i];
+                break;
+            }
+        }
+        if (less) {
+            best = q;
+            memcpy(bk, k, sizeof bk);
+        }
+    }
+    return best;
+}
+
 int terse__seg_members(const terse__seg *s) { return s->members; }
 size_t terse__seg_step_floats(const terse__seg *s) { return s->step_floats; }
 
 terse__seg_flags *terse__seg_flags_of(terse__seg *s, int member) {
     return (terse__seg_flags *)(void *)(s->base + s->flags_off) + member;
+}
+
+uint8_t *terse__seg_desc(terse__seg *s, int member, int slot) {
+    return s->base + s->desc_off +
+           ((size_t)member * TERSE__SEG_DESCS + (size_t)slot) * TERSE__SEG_DESC_BYTES;
 }
 
 float *terse__seg_in(terse__seg *s, int parity, int member) {

@@ -17,7 +17,8 @@
  *
  * Layout: a header page (magic, members, step size, cookie), one 64-byte
  * line per flag per member (in, out, done: monotonic step counters each
- * member alone writes, read by all), then the data: for each of two
+ * member alone writes, read by all; its pid; its last call descriptor's
+ * number), each member's ring of call descriptors, then the data: for each of two
  * parities, `members` input blocks of step_floats floats and one output
  * block of step_floats floats. The algorithm using it is
  * algos/coll/seg_allreduce.c. */
@@ -50,7 +51,16 @@ typedef struct terse__seg_flags {
     char pad2[56];
     _Atomic int64_t pid;   /* its process, for sentences */
     char pad3[56];
+    _Atomic uint64_t desc_seq; /* the last call whose descriptor it wrote */
+    char pad4[56];
+    _Atomic uint64_t bar;  /* the last barrier it entered */
+    char pad5[56];
 } terse__seg_flags;
+
+/* Call descriptors (algos/comm/comm_desc.c): each member's last
+ * TERSE__SEG_DESCS, call k in slot k % TERSE__SEG_DESCS, 64 bytes each. */
+#define TERSE__SEG_DESCS 16
+#define TERSE__SEG_DESC_BYTES 64
 
 /* The creator: a fresh segment for `members` ranks, steps of step_floats
  * floats; its name (NUL-terminated) and cookie go to the others. */
@@ -64,9 +74,16 @@ void terse__seg_unlink(terse__seg *s);
 /* Unmap (and unlink, if the creator has not yet). NULL is fine. */
 void terse__seg_close(terse__seg *s);
 
+/* The member other than `me` furthest behind: the fewest calls started
+ * (desc_seq), then steps and barriers published -- the one a timeout
+ * should name when the member awaited is itself waiting for it. */
+int terse__seg_laggard(terse__seg *s, int me);
+
 int terse__seg_members(const terse__seg *s);
 size_t terse__seg_step_floats(const terse__seg *s);
 terse__seg_flags *terse__seg_flags_of(terse__seg *s, int member);
+/* Member m's descriptor slot `slot` (< TERSE__SEG_DESCS). */
+uint8_t *terse__seg_desc(terse__seg *s, int member, int slot);
 /* Member m's input block of parity p, and the output block of parity p. */
 float *terse__seg_in(terse__seg *s, int parity, int member);
 float *terse__seg_out(terse__seg *s, int parity);

@@ -3,13 +3,17 @@
  * message to rank + 2^j and waits for one from rank - 2^j (mod N). After
  * round j a rank has heard, directly or through others, from the 2^(j+1)
  * ranks before it; after the last round, from all of them, so nobody
- * leaves before everyone has entered. Any N, no root, log2 N latency. */
+ * leaves before everyone has entered. Any N, no root, log2 N latency.
+ * With the host's shared segment (every rank on one host), each rank
+ * publishes its arrival there and waits for the others' instead
+ * (seg_allreduce.c): no message at all. */
 #include "algos/coll/coll.h"
 #include "common/error.h"
 
 terse_status terse__barrier_run(terse_comm *c) {
     const int N = c->nranks;
     if (N == 1) return TERSE_OK;
+    if (c->seg) return terse__barrier_seg(c);
     terse__comm_next_phase(c);
     static const char none;
     char sink;

@@ -45,6 +45,8 @@ int terse__hier_fits(const terse_comm *c);
 /* Over the host's shared segment (seg_allreduce.c), at every size, when
  * every rank is on one host and init made one (c->seg, comm_segment.c). */
 terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divide);
+/* The barrier over the same segment (seg_allreduce.c). */
+terse_status terse__barrier_seg(terse_comm *c);
 int terse__hier_wanted(const terse_comm *c, size_t n);
 /* local[j]: the rank of local rank j on this host; rail[g]: the rank of
  * this local rank on host g (this rank itself at its own slots). */

@@ -30,8 +30,7 @@
  * stages it (docs/collectives.md).
  *
  * The failure contract. Every step looks at the abort flag. A wait watches
- * the awaited flags; every millisecond of the call it also runs the
- * communicator's progress round, which polls the store
+ * the awaited flags; every millisecond of the call it also polls the store
  * (a SIGKILLed rank's store connection drops: the survivors fail with
  * TERSE_ERR_PEER_LOST naming it within the store's grace), the call
  * descriptors (ranks that passed other sizes fail with the descriptor's
@@ -50,6 +49,7 @@
  * waits in it and times out naming the replaced rank, never reads data the
  * replacement did not write. */
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -58,19 +58,26 @@
 #include "common/error.h"
 #include "transport/segment.h"
 
-enum { FLAG_IN, FLAG_OUT, FLAG_DONE };
+enum { FLAG_IN, FLAG_OUT, FLAG_DONE, FLAG_BAR };
 
 static const char *const phase_name[] = {"its input", "its share of the sum",
-                                         "its copy of the result"};
+                                         "its copy of the result", "its arrival at the barrier"};
+
+static _Atomic uint64_t *flag_of(terse__seg_flags *f, int which) {
+    switch (which) {
+    case FLAG_IN: return &f->in;
+    case FLAG_OUT: return &f->out;
+    case FLAG_DONE: return &f->done;
+    default: return &f->bar;
+    }
+}
 
 static uint64_t flag_load(terse__seg_flags *f, int which) {
-    _Atomic uint64_t *p = which == FLAG_IN ? &f->in : which == FLAG_OUT ? &f->out : &f->done;
-    return atomic_load_explicit(p, memory_order_acquire);
+    return atomic_load_explicit(flag_of(f, which), memory_order_acquire);
 }
 
 static void flag_store(terse__seg_flags *f, int which, uint64_t v) {
-    _Atomic uint64_t *p = which == FLAG_IN ? &f->in : which == FLAG_OUT ? &f->out : &f->done;
-    atomic_store_explicit(p, v, memory_order_release);
+    atomic_store_explicit(flag_of(f, which), v, memory_order_release);
 }
 
 static inline void cpu_relax(void) {
@@ -88,18 +95,21 @@ static inline void cpu_relax(void) {
 #define NAP_NS 20000
 #define PROGRESS_NS 1000000ull
 
-/* One call's waiting: when it last ran a progress round (the clock runs
- * across the call's waits, so a call of many quick steps still polls the
- * store and the abort flag every PROGRESS_NS), and the time those rounds
- * took (they count their own network time). */
+/* One call's waiting: when it last polled (the clock runs across the
+ * call's waits, so a call of many quick steps still polls the store and
+ * the abort flag every PROGRESS_NS). */
 typedef struct {
-    uint64_t progressed, in_progress_ns;
+    uint64_t progressed;
 } waiting;
 
+/* The store's loss notices and told failures, the call descriptors (in the
+ * segment too) and the abort flag -- not libfabric's progress: nothing of
+ * the call is in flight there, and a blocking call over the segment runs on
+ * the caller's thread, where no libfabric call may spin (engine_api.c). */
 static terse_status progress(terse_comm *c, waiting *w, uint64_t now) {
     w->progressed = now;
-    terse_status s = terse__comm_progress(c);
-    w->in_progress_ns += terse__now_ns() - now;
+    terse_status s = terse__comm_check_alive(c);
+    if (s == TERSE_OK) s = terse__comm_poll_abort(c, "in the shared segment's all-reduce");
     return s;
 }
 
@@ -127,14 +137,24 @@ static terse_status wait_all(terse_comm *c, terse__seg *g, waiting *w, int which
         }
         if (now - moved >= limit) {
             terse__seg_flags *f = terse__seg_flags_of(g, next);
+            /* the rank awaited may itself wait for one further behind
+             * (a call descriptor from a stopped rank): name that one too */
+            const int lag = terse__seg_laggard(g, c->rank);
+            char behind[200] = "";
+            if (lag >= 0 && lag != next)
+                snprintf(behind, sizeof behind, "; the rank furthest behind is rank %d (pid %lld), "
+                         "which rank %d may be waiting for",
+                         lag, (long long)atomic_load_explicit(&terse__seg_flags_of(g, lag)->pid,
+                                                             memory_order_relaxed), next);
             terse_status s = TERSE_ERROR(
                 TERSE_ERR_TIMEOUT,
-                "rank %d: waited %d ms in the shared segment's all-reduce (step %llu) for rank "
-                "%d (pid %lld) to publish %s, and it did not: it is stopped, stuck, or no longer "
+                "rank %d: waited %d ms in the shared segment's %s (step %llu) for rank %d (pid "
+                "%lld) to publish %s, and it did not%s: it is stopped, stuck, or no longer "
                 "running the same collectives",
-                c->rank, c->timeout_ms, (unsigned long long)want, next,
+                c->rank, c->timeout_ms, which == FLAG_BAR ? "barrier" : "all-reduce",
+                (unsigned long long)want, next,
                 (long long)atomic_load_explicit(&f->pid, memory_order_relaxed),
-                phase_name[which]);
+                phase_name[which], behind);
             return terse__comm_explain(c, s, 0, 0);
         }
         if (now - moved < SPIN_NS) {
@@ -192,7 +212,7 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
     const size_t B = terse__seg_step_floats(g);
     terse__seg_flags *mine = terse__seg_flags_of(g, me);
     const uint64_t t_start = terse__now_ns();
-    waiting w = {t_start, 0};
+    waiting w = {t_start};
     double busy = 0;
     terse_status st = TERSE_OK;
     for (size_t off = 0; off < n && st == TERSE_OK; off += B) {
@@ -221,13 +241,23 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
         memcpy(buf + off, terse__seg_out(g, p), m * sizeof(float));
         flag_store(mine, FLAG_DONE, s);
     }
-    /* the sums count as codec time, the rest (copies, waits) as network
-     * time, as the transport's paths count them; the progress rounds
-     * counted theirs already */
-    double all = (double)(terse__now_ns() - t_start - w.in_progress_ns) * 1e-9;
+    /* the sums count as codec time, the rest (copies, waits, the store's
+     * polls) as network time, as the transport's paths count them */
+    double all = (double)(terse__now_ns() - t_start) * 1e-9;
     pthread_mutex_lock(&c->stats_lock);
     c->stats.codec_seconds += busy;
     c->stats.network_seconds += all > busy ? all - busy : 0;
     pthread_mutex_unlock(&c->stats_lock);
     return st;
+}
+
+/* The barrier over the segment: publish this rank's arrival (its barrier
+ * count, the same on every rank), wait for every member's. No libfabric:
+ * on the caller's thread like the all-reduce (engine_api.c). */
+terse_status terse__barrier_seg(terse_comm *c) {
+    terse__seg *g = c->seg;
+    const uint64_t k = ++c->seg_bar;
+    flag_store(terse__seg_flags_of(g, c->rank), FLAG_BAR, k);
+    waiting w = {terse__now_ns()};
+    return wait_all(c, g, &w, FLAG_BAR, k);
 }

@@ -188,13 +188,16 @@ struct terse_comm {
     int desc_block; /* shm: the data waits for the previous rank's descriptor */
     uint8_t desc_mine[TERSE__COMM_DESC_BYTES], desc_theirs[TERSE__COMM_DESC_BYTES];
     terse__fabric_req desc_req[2];
+    /* With the host's segment (seg below) the descriptors go through it
+     * instead (comm_desc.c): desc_calls numbers this rank's calls. */
+    uint64_t desc_calls;
     int same_host;       /* every rank on this host (join's step 3) */
     /* The host's shared segment (transport/segment.h; comm_segment.c): set
      * when every rank is on this host and the ranks agreed to use it; the
      * dense all-reduce then runs over it (seg_allreduce.c). seg_step: the
      * steps run over it so far, the same on every rank. */
     struct terse__seg *seg;
-    uint64_t seg_step;
+    uint64_t seg_step, seg_bar; /* steps and barriers run over it */
     /* A colocated parameter server's communicators (engine_twin.c): they
      * share parent's store (not owned) and number their ranks virtually,
      * [0, vreal) the ranks' server endpoints, [vreal, 2 vreal) their worker

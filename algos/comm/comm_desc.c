@@ -11,12 +11,26 @@
  * are not its neighbours fail with the same sentence instead of timing out.
  * Cost: one 64-byte send and receive per call, overlapped with the data
  * (but on shm: see terse__comm_desc_start).
- * Parameter-server requests have their own headers and carry none. */
+ * Parameter-server requests have their own headers and carry none.
+ *
+ * With the host's shared segment (every rank on one host: comm_segment.c)
+ * the descriptors go through it instead of libfabric: call k's descriptor
+ * in slot k % TERSE__SEG_DESCS of this rank's ring, then its number
+ * published (release); the next rank reads it once the number says it is
+ * there. A rank TERSE__SEG_DESCS calls or more ahead has overwritten the
+ * slot (a broadcast's root may run ahead): that call is not compared. So a
+ * dense all-reduce over the segment touches no libfabric at all, and a
+ * blocking one can run on the caller's thread (algos/engine/engine_api.c):
+ * nothing in it can spin on a dead peer's libfabric lock. */
+#include <sched.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "algos/comm/comm.h"
 #include "common/bytes.h"
 #include "common/error.h"
+#include "transport/segment.h"
 
 #define DESC_MAGIC 0x43534544u /* "DESC" */
 /* The message index of the descriptor in the tag of the phase the call
@@ -50,6 +64,79 @@ static void encode(uint8_t *d, int kind, uint64_t count, uint32_t arg, const cha
     }
 }
 
+/* ---- through the segment ---- */
+
+static terse_status compare(terse_comm *c);
+
+static int prev_rank(const terse_comm *c) { return (c->rank + c->nranks - 1) % c->nranks; }
+
+/* Copy the previous rank's descriptor of this call into desc_theirs if it
+ * is there: 1 copied, 0 not yet, -1 overwritten already (it ran ahead). */
+static int seg_take(terse_comm *c) {
+    terse__seg_flags *f = terse__seg_flags_of(c->seg, prev_rank(c));
+    const uint64_t k = c->desc_calls;
+    uint64_t seen = atomic_load_explicit(&f->desc_seq, memory_order_acquire);
+    if (seen < k) return 0;
+    if (seen >= k + TERSE__SEG_DESCS) return -1;
+    memcpy(c->desc_theirs, terse__seg_desc(c->seg, prev_rank(c), (int)(k % TERSE__SEG_DESCS)),
+           TERSE__COMM_DESC_BYTES);
+    atomic_thread_fence(memory_order_acquire);
+    /* overwritten while we copied? (a seqlock's second look) */
+    seen = atomic_load_explicit(&f->desc_seq, memory_order_relaxed);
+    return seen >= k + TERSE__SEG_DESCS ? -1 : 1;
+}
+
+static terse_status seg_check(terse_comm *c) {
+    if (c->desc_checked) return TERSE_OK;
+    int got = seg_take(c);
+    if (got == 0) return TERSE_OK;
+    c->desc_checked = 1;
+    if (got < 0) return TERSE_OK; /* ran ahead: not compared */
+    terse_status s = compare(c);
+    if (s != TERSE_OK) c->desc_failed = 1;
+    return s;
+}
+
+/* Wait for the previous rank's descriptor of this call (and compare it),
+ * with the liveness and abort checks of every wait and the timeout. */
+static terse_status seg_wait(terse_comm *c) {
+    const uint64_t t0 = terse__now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+    uint64_t polled = t0;
+    for (unsigned spins = 0; !c->desc_checked; spins++) {
+        terse_status s = seg_check(c);
+        if (s != TERSE_OK || c->desc_checked) return s;
+        if (spins < 64) continue;
+        uint64_t now = terse__now_ns();
+        if (now - polled >= 1000000ull) {
+            polled = now;
+            s = terse__comm_check_alive(c);
+            if (s == TERSE_OK) s = terse__comm_poll_abort(c, "waiting for a call descriptor");
+            if (s != TERSE_OK) return s;
+        }
+        if (now - t0 >= limit) {
+            const int lag = terse__seg_laggard(c->seg, c->rank);
+            char behind[160] = "";
+            if (lag >= 0 && lag != prev_rank(c))
+                snprintf(behind, sizeof behind, "; the rank furthest behind is rank %d, which "
+                         "rank %d may be waiting for", lag, prev_rank(c));
+            s = TERSE_ERROR(TERSE_ERR_TIMEOUT,
+                            "%s on rank %d: rank %d did not start its collective number %llu "
+                            "within %d ms (the host's shared segment says)%s: it is stopped, "
+                            "stuck, or no longer running the same collectives",
+                            terse__comm_kind_name(c->desc_kind), c->rank, prev_rank(c),
+                            (unsigned long long)c->desc_calls, c->timeout_ms, behind);
+            return terse__comm_explain(c, s, 0, 0);
+        }
+        if (now - t0 < 200000ull) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return TERSE_OK;
+}
+
 terse_status terse__comm_desc_start(terse_comm *c, int kind, uint64_t count, uint32_t arg,
                                     const char *codec) {
     c->desc_on = 0;
@@ -57,6 +144,18 @@ terse_status terse__comm_desc_start(terse_comm *c, int kind, uint64_t count, uin
     encode(c->desc_mine, kind, count, arg, codec);
     c->desc_kind = kind;
     terse__comm_next_phase(c); /* a tag of its own, whatever the algorithm */
+    if (c->seg) {
+        const uint64_t k = ++c->desc_calls;
+        memcpy(terse__seg_desc(c->seg, c->rank, (int)(k % TERSE__SEG_DESCS)), c->desc_mine,
+               TERSE__COMM_DESC_BYTES);
+        atomic_store_explicit(&terse__seg_flags_of(c->seg, c->rank)->desc_seq, k,
+                              memory_order_release);
+        c->desc_on = 1;
+        c->desc_checked = 0;
+        /* as over libfabric's shm (below): the data waits for the previous
+         * rank's word */
+        return seg_wait(c);
+    }
     const int next = (c->rank + 1) % c->nranks, prev = (c->rank + c->nranks - 1) % c->nranks;
     uint64_t tag = terse__comm_tag(c, DESC_MSG);
     TERSE_CHECK(terse__comm_irecv(c, prev, tag, c->desc_theirs, TERSE__COMM_DESC_BYTES,
@@ -124,6 +223,7 @@ static terse_status compare(terse_comm *c) {
 }
 
 terse_status terse__comm_desc_check(terse_comm *c) {
+    if (c->desc_on && c->seg) return seg_check(c);
     if (!c->desc_on || c->desc_checked || !terse__fabric_req_done(&c->desc_req[0]))
         return TERSE_OK;
     c->desc_checked = 1;
@@ -149,7 +249,9 @@ static terse_status told_cause(terse_comm *c, terse_status s) {
 
 terse_status terse__comm_desc_end(terse_comm *c, terse_status s) {
     if (!c->desc_on) return s;
-    if (s == TERSE_OK) {
+    if (s == TERSE_OK && c->seg) {
+        s = seg_wait(c);
+    } else if (s == TERSE_OK) {
         s = terse__comm_wait(c, c->desc_req, 2);
         if (s == TERSE_OK) s = terse__comm_desc_check(c);
     } else if (!c->desc_failed) {

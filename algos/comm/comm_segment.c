@@ -2,15 +2,15 @@
  * transport/segment.h, the all-reduce over it algos/coll/seg_allreduce.c).
  *
  * Two store rounds, always both, on every rank of a job of several ranks
- * (the segment only when every rank is on one host): rank 0 makes the segment and publishes
- * {want, cookie, name}; every rank publishes whether it wants it; if all
+ * (the segment only when every rank is on one host): rank 0 makes the
+ * segment and publishes {want, cookie, name}; every rank publishes whether it wants it; if all
  * do, the others attach; in the second round every rank publishes whether
  * it could; once that round is in, rank 0 removes the name. A replacement
  * (rejoin) runs both rounds too, wanting nothing: the store numbers its
  * all-gathers, and a later one (terse_ps_create's) must carry the same
- * number on the replacement as on the ranks it joins. The segment is used only if every rank attached, so a
- * rank that cannot (a full /dev/shm, a seccomp filter) sends the job back
- * to libfabric's shm, never splits it. */
+ * number on the replacement as on the ranks it joins. The segment is used
+ * only if every rank attached, so a rank that cannot (a full /dev/shm, a
+ * seccomp filter) sends the job back to libfabric's shm, never splits it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
