@@ -38,7 +38,7 @@ static size_t layout(terse__seg *s, int members, size_t step_floats) {
     s->step_floats = step_floats;
     s->flags_off = PAGE;
     s->desc_off = s->flags_off + round_page((size_t)members * sizeof(terse__seg_flags));
-    s->data_off = s->desc_off + round_page((size_t)members * TERSE__SEG_DESCS *
+    s->data_off = s->desc_off + round_page((size_t)members * ((size_t)members + 1) *
                                            TERSE__SEG_DESC_BYTES);
     size_t blocks = 2 * ((size_t)members + 1);
     if (step_floats > ((size_t)1 << 40) / blocks / sizeof(float)) return 0;
@@ -183,25 +183,35 @@ void terse__seg_close(terse__seg *s) {
     free(s);
 }
 
-int terse__seg_laggard(terse__seg *s, int me) {
+static void progress_key(terse__seg *s, int q, uint64_t k[5]) {
+    terse__seg_flags *f = terse__seg_flags_of(s, q);
+    k[0] = atomic_load(&f->desc_seq);
+    k[1] = atomic_load(&f->in);
+    k[2] = atomic_load(&f->out);
+    k[3] = atomic_load(&f->done);
+    k[4] = atomic_load(&f->bar);
+}
+
+static int key_less(const uint64_t a[5], const uint64_t b[5]) {
+    for (int i = 0; i < 5; i++)
+        if (a[i] != b[i]) return a[i] < b[i];
+    return 0;
+}
+
+int terse__seg_laggard(terse__seg *s, int me, int prefer) {
     int best = -1;
-    uint64_t bk[5] = {0};
+    uint64_t bk[5] = {0}, k[5];
     for (int q = 0; q < s->members; q++) {
         if (q == me) continue;
-        terse__seg_flags *f = terse__seg_flags_of(s, q);
-        uint64_t k[5] = {atomic_load(&f->desc_seq), atomic_load(&f->in), atomic_load(&f->out),
-                         atomic_load(&f->done), atomic_load(&f->bar)};
-        int less = best < 0;
-        for (int i = 0; i < 5 && !less; i++) {
-            if (k[i] != bk[i]) {
-                less = k[i] < bk[i];
-                break;
-            }
-        }
-        if (less) {
+        progress_key(s, q, k);
+        if (best < 0 || key_less(k, bk)) {
             best = q;
             memcpy(bk, k, sizeof bk);
         }
+    }
+    if (prefer >= 0 && prefer != me && prefer != best) {
+        progress_key(s, prefer, k);
+        if (!key_less(bk, k)) best = prefer; /* not strictly behind it: no other name */
     }
     return best;
 }
@@ -213,9 +223,11 @@ terse__seg_flags *terse__seg_flags_of(terse__seg *s, int member) {
     return (terse__seg_flags *)(void *)(s->base + s->flags_off) + member;
 }
 
+int terse__seg_descs(const terse__seg *s) { return s->members + 1; }
+
 uint8_t *terse__seg_desc(terse__seg *s, int member, int slot) {
     return s->base + s->desc_off +
-           ((size_t)member * TERSE__SEG_DESCS + (size_t)slot) * TERSE__SEG_DESC_BYTES;
+           ((size_t)member * ((size_t)s->members + 1) + (size_t)slot) * TERSE__SEG_DESC_BYTES;
 }
 
 float *terse__seg_in(terse__seg *s, int parity, int member) {

@@ -58,8 +58,11 @@ typedef struct terse__seg_flags {
 } terse__seg_flags;
 
 /* Call descriptors (algos/comm/comm_desc.c): each member's last
- * TERSE__SEG_DESCS, call k in slot k % TERSE__SEG_DESCS, 64 bytes each. */
-#define TERSE__SEG_DESCS 16
+ * terse__seg_descs() (members + 1), call k in slot k % that, 64 bytes
+ * each. A rank publishes call j + 1 only once its previous rank published
+ * call j, so along the ring a rank is at most members - 1 calls ahead of
+ * the next one, which is reading: members + 1 slots are never overwritten
+ * while read. */
 #define TERSE__SEG_DESC_BYTES 64
 
 /* The creator: a fresh segment for `members` ranks, steps of step_floats
@@ -76,13 +79,15 @@ void terse__seg_close(terse__seg *s);
 
 /* The member other than `me` furthest behind: the fewest calls started
  * (desc_seq), then steps and barriers published -- the one a timeout
- * should name when the member awaited is itself waiting for it. */
-int terse__seg_laggard(terse__seg *s, int me);
+ * should name when the member awaited is itself waiting for it; `prefer`
+ * (the member awaited, or -1) unless another is strictly further behind. */
+int terse__seg_laggard(terse__seg *s, int me, int prefer);
 
 int terse__seg_members(const terse__seg *s);
 size_t terse__seg_step_floats(const terse__seg *s);
 terse__seg_flags *terse__seg_flags_of(terse__seg *s, int member);
-/* Member m's descriptor slot `slot` (< TERSE__SEG_DESCS). */
+/* The slots of a member's descriptor ring, and member m's slot `slot`. */
+int terse__seg_descs(const terse__seg *s);
 uint8_t *terse__seg_desc(terse__seg *s, int member, int slot);
 /* Member m's input block of parity p, and the output block of parity p. */
 float *terse__seg_in(terse__seg *s, int parity, int member);

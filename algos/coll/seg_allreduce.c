@@ -46,8 +46,9 @@
  *
  * A survivor whose peer was replaced (comm_join.c, terse__comm_take_back)
  * leaves the segment; one that has not heard of the replacement yet still
- * waits in it and times out naming the replaced rank, never reads data the
- * replacement did not write. */
+ * waits in it and times out (naming a rank that has left it), never reads
+ * data nobody wrote for this call. Only a parameter server's communicator
+ * sees replacements, and a replacement refuses collectives anyway. */
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -139,7 +140,7 @@ static terse_status wait_all(terse_comm *c, terse__seg *g, waiting *w, int which
             terse__seg_flags *f = terse__seg_flags_of(g, next);
             /* the rank awaited may itself wait for one further behind
              * (a call descriptor from a stopped rank): name that one too */
-            const int lag = terse__seg_laggard(g, c->rank);
+            const int lag = terse__seg_laggard(g, c->rank, next);
             char behind[200] = "";
             if (lag >= 0 && lag != next)
                 snprintf(behind, sizeof behind, "; the rank furthest behind is rank %d (pid %lld), "

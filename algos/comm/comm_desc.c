@@ -15,10 +15,12 @@
  *
  * With the host's shared segment (every rank on one host: comm_segment.c)
  * the descriptors go through it instead of libfabric: call k's descriptor
- * in slot k % TERSE__SEG_DESCS of this rank's ring, then its number
- * published (release); the next rank reads it once the number says it is
- * there. A rank TERSE__SEG_DESCS calls or more ahead has overwritten the
- * slot (a broadcast's root may run ahead): that call is not compared. So a
+ * in slot k % (ranks + 1) of this rank's ring, then its number published
+ * (release); the next rank reads it once the number says it is there. A
+ * rank publishes call k + 1 only after its previous rank published call k
+ * (both waits below), so a rank is at most ranks - 1 calls ahead of the
+ * one reading its ring, and a slot is never rewritten while read (the
+ * check for it is a guard only). So a
  * dense all-reduce over the segment touches no libfabric at all, and a
  * blocking one can run on the caller's thread (algos/engine/engine_api.c):
  * nothing in it can spin on a dead peer's libfabric lock. */
@@ -74,16 +76,13 @@ static int prev_rank(const terse_comm *c) { return (c->rank + c->nranks - 1) % c
  * is there: 1 copied, 0 not yet, -1 overwritten already (it ran ahead). */
 static int seg_take(terse_comm *c) {
     terse__seg_flags *f = terse__seg_flags_of(c->seg, prev_rank(c));
-    const uint64_t k = c->desc_calls;
+    const uint64_t k = c->desc_calls, ring = (uint64_t)terse__seg_descs(c->seg);
     uint64_t seen = atomic_load_explicit(&f->desc_seq, memory_order_acquire);
     if (seen < k) return 0;
-    if (seen >= k + TERSE__SEG_DESCS) return -1;
-    memcpy(c->desc_theirs, terse__seg_desc(c->seg, prev_rank(c), (int)(k % TERSE__SEG_DESCS)),
+    if (seen + 1 >= k + ring) return -1; /* cannot happen (above): not compared */
+    memcpy(c->desc_theirs, terse__seg_desc(c->seg, prev_rank(c), (int)(k % ring)),
            TERSE__COMM_DESC_BYTES);
-    atomic_thread_fence(memory_order_acquire);
-    /* overwritten while we copied? (a seqlock's second look) */
-    seen = atomic_load_explicit(&f->desc_seq, memory_order_relaxed);
-    return seen >= k + TERSE__SEG_DESCS ? -1 : 1;
+    return 1;
 }
 
 static terse_status seg_check(terse_comm *c) {
@@ -105,7 +104,10 @@ static terse_status seg_wait(terse_comm *c) {
     for (unsigned spins = 0; !c->desc_checked; spins++) {
         terse_status s = seg_check(c);
         if (s != TERSE_OK || c->desc_checked) return s;
-        if (spins < 64) continue;
+        if (spins < 64) {
+            atomic_signal_fence(memory_order_seq_cst);
+            continue;
+        }
         uint64_t now = terse__now_ns();
         if (now - polled >= 1000000ull) {
             polled = now;
@@ -114,7 +116,7 @@ static terse_status seg_wait(terse_comm *c) {
             if (s != TERSE_OK) return s;
         }
         if (now - t0 >= limit) {
-            const int lag = terse__seg_laggard(c->seg, c->rank);
+            const int lag = terse__seg_laggard(c->seg, c->rank, prev_rank(c));
             char behind[160] = "";
             if (lag >= 0 && lag != prev_rank(c))
                 snprintf(behind, sizeof behind, "; the rank furthest behind is rank %d, which "
@@ -146,8 +148,8 @@ terse_status terse__comm_desc_start(terse_comm *c, int kind, uint64_t count, uin
     terse__comm_next_phase(c); /* a tag of its own, whatever the algorithm */
     if (c->seg) {
         const uint64_t k = ++c->desc_calls;
-        memcpy(terse__seg_desc(c->seg, c->rank, (int)(k % TERSE__SEG_DESCS)), c->desc_mine,
-               TERSE__COMM_DESC_BYTES);
+        memcpy(terse__seg_desc(c->seg, c->rank, (int)(k % (uint64_t)terse__seg_descs(c->seg))),
+               c->desc_mine, TERSE__COMM_DESC_BYTES);
         atomic_store_explicit(&terse__seg_flags_of(c->seg, c->rank)->desc_seq, k,
                               memory_order_release);
         c->desc_on = 1;
