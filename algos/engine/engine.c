@@ -465,11 +465,27 @@ static void watchdog(terse_comm *c) {
     if (age < limit) return;
     char who[32] = "a peer";
     if (peer >= 0) snprintf(who, sizeof who, "rank %d", peer);
+    /* The region's lock may be held by its owner or by any rank that died
+     * sending into it: what the store knows of lost ranks says which (a
+     * copy under the store's own lock; the stuck thread is inside
+     * libfabric, not the store). */
+    char lost[160] = "";
+    uint8_t *map = c->store && !c->parent ? calloc((size_t)c->nranks, 1) : NULL;
+    if (map) {
+        (void)terse__store_copy_map(c->store, 0, map); /* the map, whatever the poll says */
+        size_t l = 0;
+        for (int q = 0; q < c->nranks && l + 24 < sizeof lost; q++)
+            if (map[q])
+                l += (size_t)snprintf(lost + l, sizeof lost - l, "%s%d", l ? ", " : "; the store "
+                                      "reports lost: rank ", q);
+    }
+    free(map);
     terse_status s = TERSE_ERROR(
         TERSE_ERR_TIMEOUT,
-        "rank %d: the %s provider has spun inside %s (%s) for %llu ms: %s died or was stopped "
-        "holding the lock of its shared-memory region; this rank gives up on its transport",
-        c->rank, c->provider, what, who, (unsigned long long)(age / 1000000u), who);
+        "rank %d: the %s provider has spun inside %s (%s) for %llu ms: %s, or a rank that sent "
+        "to it, died or was stopped holding the lock of its shared-memory region%s; this rank "
+        "gives up on its transport",
+        c->rank, c->provider, what, who, (unsigned long long)(age / 1000000u), who, lost);
     terse__fabric_abandon(c->fabric);
     atomic_store(&c->abandoned, 1);
     terse__comm_fail_locked(c, s);
