@@ -46,6 +46,19 @@ static size_t layout(terse__seg *s, int members, size_t step_floats) {
     return s->bytes;
 }
 
+/* Map fd (closed here) as s's segment, kept out of forked children. */
+static terse_status map_fd(terse__seg *s, int rank, int fd) {
+    void *p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (p == MAP_FAILED)
+        return TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: mapping the shared segment (%zu "
+                           "bytes): %s", rank, s->bytes, strerror(err));
+    (void)madvise(p, s->bytes, MADV_DONTFORK); /* a forked child is no member */
+    s->base = p;
+    return TERSE_OK;
+}
+
 terse_status terse__seg_create(int rank, int members, size_t step_floats,
                                char name[TERSE__SEG_NAME], uint64_t *cookie, terse__seg **out) {
     *out = NULL;
@@ -90,19 +103,14 @@ terse_status terse__seg_create(int rank, int members, size_t step_floats,
         free(s);
         return st;
     }
-    void *p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) {
-        terse_status st = TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: mapping the shared segment "
-                                      "(%zu bytes): %s", rank, s->bytes, strerror(errno));
+    terse_status st = map_fd(s, rank, fd);
+    if (st != TERSE_OK) {
         shm_unlink(s->name);
         free(s);
         return st;
     }
-    (void)madvise(p, s->bytes, MADV_DONTFORK); /* a forked child is no member */
-    s->base = p;
     s->linked = 1;
-    seg_header *h = p;
+    seg_header *h = (seg_header *)(void *)s->base;
     h->cookie = *cookie;
     h->members = (uint64_t)members;
     h->step_floats = (uint64_t)step_floats;
@@ -147,21 +155,16 @@ terse_status terse__seg_attach(int rank, const char *name, int members, size_t s
         free(s);
         return st;
     }
-    void *p = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) {
-        terse_status st = TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: mapping the shared segment "
-                                      "(%zu bytes): %s", rank, s->bytes, strerror(errno));
+    terse_status st = map_fd(s, rank, fd);
+    if (st != TERSE_OK) {
         free(s);
         return st;
     }
-    (void)madvise(p, s->bytes, MADV_DONTFORK);
-    s->base = p;
-    seg_header *h = p;
+    seg_header *h = (seg_header *)(void *)s->base;
     if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SEG_MAGIC || h->cookie != cookie ||
         h->members != (uint64_t)members || h->step_floats != (uint64_t)step_floats ||
         h->bytes != (uint64_t)s->bytes) {
-        munmap(p, s->bytes);
+        munmap(s->base, s->bytes);
         free(s);
         return TERSE_ERROR(TERSE_ERR_TRANSPORT, "rank %d: the shared segment %s is not the one "
                            "the host's first rank made (its header differs)", rank, name);

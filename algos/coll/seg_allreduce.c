@@ -96,26 +96,23 @@ static inline void cpu_relax(void) {
 #define NAP_NS 20000
 #define PROGRESS_NS 1000000ull
 
-/* One call's waiting: when it last polled (the clock runs across the
- * call's waits, so a call of many quick steps still polls the store and
- * the abort flag every PROGRESS_NS). */
-typedef struct {
-    uint64_t progressed;
-} waiting;
+/* `polled`: when the call last polled; the clock runs across the call's
+ * waits, so a call of many quick steps still polls the store and the abort
+ * flag every PROGRESS_NS. */
 
 /* The store's loss notices and told failures, the call descriptors (in the
  * segment too) and the abort flag -- not libfabric's progress: nothing of
  * the call is in flight there, and a blocking call over the segment runs on
  * the caller's thread, where no libfabric call may spin (engine_api.c). */
-static terse_status progress(terse_comm *c, waiting *w, uint64_t now) {
-    w->progressed = now;
+static terse_status progress(terse_comm *c, uint64_t *polled, uint64_t now) {
+    *polled = now;
     terse_status s = terse__comm_check_alive(c);
     if (s == TERSE_OK) s = terse__comm_poll_abort(c, "in the shared segment's all-reduce");
     return s;
 }
 
 /* Wait until every member's flag `which` is >= want. */
-static terse_status wait_all(terse_comm *c, terse__seg *g, waiting *w, int which, uint64_t want) {
+static terse_status wait_all(terse_comm *c, terse__seg *g, uint64_t *polled, int which, uint64_t want) {
     const int L = terse__seg_members(g);
     int next = 0; /* members below `next` are there */
     uint64_t moved = terse__now_ns();
@@ -132,8 +129,8 @@ static terse_status wait_all(terse_comm *c, terse__seg *g, waiting *w, int which
         }
         uint64_t now = terse__now_ns();
         if (moved == 0) moved = now;
-        if (now - w->progressed >= PROGRESS_NS) {
-            terse_status s = progress(c, w, now);
+        if (now - *polled >= PROGRESS_NS) {
+            terse_status s = progress(c, polled, now);
             if (s != TERSE_OK) return s;
         }
         if (now - moved >= limit) {
@@ -213,7 +210,7 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
     const size_t B = terse__seg_step_floats(g);
     terse__seg_flags *mine = terse__seg_flags_of(g, me);
     const uint64_t t_start = terse__now_ns();
-    waiting w = {t_start};
+    uint64_t polled = t_start;
     double busy = 0;
     terse_status st = TERSE_OK;
     for (size_t off = 0; off < n && st == TERSE_OK; off += B) {
@@ -222,13 +219,13 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
         const int p = (int)(s & 1);
         /* the abort flag at every step, however quick the waits */
         st = terse__comm_poll_abort(c, "in the shared segment's all-reduce");
-        if (st == TERSE_OK && s > 2) st = wait_all(c, g, &w, FLAG_DONE, s - 2);
+        if (st == TERSE_OK && s > 2) st = wait_all(c, g, &polled, FLAG_DONE, s - 2);
         if (st != TERSE_OK) break;
         memcpy(terse__seg_in(g, p, me), buf + off, m * sizeof(float));
         atomic_store_explicit(&mine->call_n, (uint64_t)n, memory_order_relaxed);
         atomic_store_explicit(&mine->call_op, (uint64_t)divide, memory_order_relaxed);
         flag_store(mine, FLAG_IN, s);
-        st = wait_all(c, g, &w, FLAG_IN, s);
+        st = wait_all(c, g, &polled, FLAG_IN, s);
         if (st == TERSE_OK) st = same_call(c, g, (uint64_t)n, (uint64_t)divide);
         if (st != TERSE_OK) break;
         size_t po, pl;
@@ -237,7 +234,7 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
         sum_share(g, p, po, pl, terse__seg_out(g, p) + po, divide, (float)c->nranks);
         busy += (double)(terse__now_ns() - t0) * 1e-9;
         flag_store(mine, FLAG_OUT, s);
-        st = wait_all(c, g, &w, FLAG_OUT, s);
+        st = wait_all(c, g, &polled, FLAG_OUT, s);
         if (st != TERSE_OK) break;
         memcpy(buf + off, terse__seg_out(g, p), m * sizeof(float));
         flag_store(mine, FLAG_DONE, s);
@@ -259,6 +256,6 @@ terse_status terse__barrier_seg(terse_comm *c) {
     terse__seg *g = c->seg;
     const uint64_t k = ++c->seg_bar;
     flag_store(terse__seg_flags_of(g, c->rank), FLAG_BAR, k);
-    waiting w = {terse__now_ns()};
-    return wait_all(c, g, &w, FLAG_BAR, k);
+    uint64_t polled = terse__now_ns();
+    return wait_all(c, g, &polled, FLAG_BAR, k);
 }

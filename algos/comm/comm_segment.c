@@ -48,8 +48,7 @@ terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms
         }
     }
     mine[0] = (uint8_t)want;
-    uint8_t all[2 * 64 * REC1]; /* small jobs on the stack, else the heap */
-    uint8_t *a = (size_t)c->nranks * REC1 <= sizeof all ? all : malloc((size_t)c->nranks * REC1);
+    uint8_t *a = malloc((size_t)c->nranks * REC1);
     if (!a) {
         terse__seg_close(seg);
         return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating the shared segment's records",
@@ -73,14 +72,13 @@ terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms
         else
             snprintf(why, sizeof why, "%s", terse__comm_last_sentence());
     }
-    if (a != all) free(a);
+    free(a);
     if (s == TERSE_OK) {
-        uint8_t oks[4096];
-        uint8_t *o = (size_t)c->nranks <= sizeof oks ? oks : malloc((size_t)c->nranks);
+        uint8_t *o = malloc((size_t)c->nranks);
         if (!o) s = TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: allocating", c->rank);
         if (s == TERSE_OK) s = terse__store_allgather(c->store, &ok, 1, o, timeout_ms);
         for (int r = 0; s == TERSE_OK && r < c->nranks; r++) ok = ok && o[r] == 1;
-        if (o && o != oks) free(o);
+        free(o);
     }
     terse__seg_unlink(seg); /* rank 0: everyone attached, or gave up */
     if (s != TERSE_OK || !every || !ok) {

@@ -141,11 +141,6 @@ static terse_status start_desc(terse_comm *c, terse_request *r) {
     }
 }
 
-static int seg_only_kind(const terse_comm *c, const terse_request *r) {
-    return c->seg && ((r->kind == TERSE__OP_ALLREDUCE && !r->a.ar.codec) ||
-                      r->kind == TERSE__OP_BARRIER);
-}
-
 static terse_status run_one(terse_comm *c, terse_request *r) {
     if (comm_broken(c)) return not_run(c, r);
     if (c->rejoined && r->kind != TERSE__OP_EXT)
@@ -162,12 +157,10 @@ static terse_status run_one(terse_comm *c, terse_request *r) {
         s = run_op(c, r, &keep_usable);
     }
     s = terse__comm_end(c, s, keep_usable);
-    /* A dense all-reduce or barrier over the host's segment posted nothing
-     * to libfabric, and may be on the caller's thread, where no watchdog
-     * looks (engine_api.c): no libfabric call after it either. The
-     * communicator has failed; its free closes the endpoint on a helper
-     * thread (comm_join.c). */
-    if (s != TERSE_OK && !keep_usable && !seg_only_kind(c, r))
+    /* after a segment call (engine.h), which may be on the caller's thread
+     * where no watchdog looks, none: the failed communicator's free closes
+     * the endpoint on a helper thread (comm_join.c) */
+    if (s != TERSE_OK && !keep_usable && !terse__engine_seg_only(c, r))
         terse__fabric_quiesce(c->fabric);
     return s;
 }

@@ -60,4 +60,17 @@ void terse__engine_drop_open_group(terse_comm *c);
  * its endpoints says so to the others). */
 terse_status terse__comm_colocate(terse_comm *a, terse_comm **srv, terse_comm **wrk);
 
+/* A dense all-reduce or a barrier over the host's shared segment: it makes
+ * no libfabric call (its call descriptor goes through the segment too:
+ * comm_desc.c), so nothing in it can spin on a dead peer's libfabric
+ * lock. On shm such a blocking call need not go to the progress thread for
+ * the watchdog's sake (engine_api.c: on the caller's thread it saves the
+ * two thread wake-ups of a hand-over, 45-60 us a call here,
+ * docs/collectives.md), and after it fails no libfabric call follows
+ * (engine.c). */
+static inline int terse__engine_seg_only(const terse_comm *c, const terse_request *r) {
+    return c->seg && ((r->kind == TERSE__OP_ALLREDUCE && !r->a.ar.codec) ||
+                      r->kind == TERSE__OP_BARRIER);
+}
+
 #endif

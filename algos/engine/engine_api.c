@@ -86,18 +86,6 @@ static terse_status start(terse_comm *c, const terse_request *tmpl, terse_reques
     return TERSE_OK;
 }
 
-/* A dense all-reduce or a barrier over the host's shared segment touches
- * no libfabric (its call descriptor goes through the segment too:
- * comm_desc.c), so
- * nothing in it can spin on a dead peer's libfabric lock: on shm it need
- * not go to the progress thread for the watchdog's sake, and on the
- * caller's thread it saves the two thread wake-ups of a hand-over (45-60
- * us a call here, docs/collectives.md). */
-static int seg_only(const terse_comm *c, const terse_request *r) {
-    return c->seg && ((r->kind == TERSE__OP_ALLREDUCE && !r->a.ar.codec) ||
-                      r->kind == TERSE__OP_BARRIER);
-}
-
 /* A blocking call: inline when the engine is idle, else queued and waited
  * for (a stack request: nothing allocated). */
 static terse_status run_blocking(terse_comm *c, terse_request *r) {
@@ -109,7 +97,7 @@ static terse_status run_blocking(terse_comm *c, terse_request *r) {
                            terse__engine_kind_name(r->kind), c->rank);
     }
     c->inflight++;
-    if (!c->busy && !c->q_head && (!c->watched || seg_only(c, r))) {
+    if (!c->busy && !c->q_head && (!c->watched || terse__engine_seg_only(c, r))) {
         c->busy = 1;
         c->running = r;
         terse__engine_execute_unlocked(c, r);
