@@ -298,7 +298,9 @@ static int routed_body(terse_comm *c, tr_out *o, const void *arg) {
         }
         free(x);
     }
-    o->u[5] = (uint64_t)(strcmp(terse_allreduce_algorithm(c, NULL, 1 << 20), "dense-hier") == 0);
+    const char *algo = terse_allreduce_algorithm(c, NULL, 1 << 20);
+    o->u[5] = (uint64_t)(strncmp(algo, "dense-hier", 10) == 0);
+    o->u[6] = (uint64_t)(strcmp(algo, "dense-hier-seg") == 0);
     /* codecs of three families (messages, rounds, summable): every rank
      * the same bits */
     static const char *const specs[] = {"int8", "powersgd:rank=4", "randk:ratio=0.1"};
@@ -331,11 +333,14 @@ static int routed_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 /* routed: bit r set if rank r should have the routed pair */
-/* hier: bit r set if rank r should run 1M floats on the hierarchical path */
-static void check_routed(const char *topology, int n, host_setup *h, unsigned routed,
-                         unsigned hier) {
+/* hier: bit r set if rank r should run 1M floats on the hierarchical path,
+ * over the hosts' shared segments unless TERSE_SHM_SEGMENT=off (segment) */
+static void check_routed_seg(const char *topology, const char *segment, int n, host_setup *h,
+                             unsigned routed, unsigned hier) {
     setenv_size(n);
     if (topology) setenv("TERSE_TOPOLOGY", topology, 1);
+    if (segment) setenv("TERSE_SHM_SEGMENT", segment, 1);
+    const int seg = !segment || strcmp(segment, "off") != 0;
     tr_before_init = set_host;
     tr_job job = {"tcp", n, 20000, 90, -1};
     tr_out *o = tr_run(&job, routed_body, h);
@@ -347,13 +352,32 @@ static void check_routed(const char *topology, int n, host_setup *h, unsigned ro
         cr_expect_eq(o[r].hash[3], o[0].hash[3], "rank %d's randk result differs", r);
         cr_expect_eq((unsigned)o[r].u[5], (hier >> r) & 1u, "rank %d: hierarchical %d", r,
                      (int)o[r].u[5]);
+        cr_expect_eq((unsigned)o[r].u[6], seg ? (hier >> r) & 1u : 0u,
+                     "rank %d: over the hosts' segments %d", r, (int)o[r].u[6]);
     }
     tr_release(o);
+    unsetenv("TERSE_SHM_SEGMENT");
+}
+
+static void check_routed(const char *topology, int n, host_setup *h, unsigned routed,
+                         unsigned hier) {
+    check_routed_seg(topology, NULL, n, h, routed, hier);
 }
 
 Test(routed, two_hosts_of_two_shm_inside_net_between) {
     host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
     check_routed(NULL, 4, &h, 0xf, 0xf);
+}
+
+Test(routed, two_hosts_of_two_without_the_segments) {
+    /* TERSE_SHM_SEGMENT=off: the intra-host phases over libfabric's shm */
+    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    check_routed_seg(NULL, "off", 4, &h, 0xf, 0xf);
+}
+
+Test(routed, uneven_two_and_three_without_the_segments) {
+    host_setup h = {.host = {"b", "a", "b", "a", "b"}, .own_shm_rank = -1};
+    check_routed_seg(NULL, "off", 5, &h, 0x1f, 0x1f);
 }
 
 Test(routed, uneven_three_and_one) {
@@ -473,7 +497,7 @@ static int ring_order_body(terse_comm *c, tr_out *o, const void *arg) {
     uint8_t *all = malloc((size_t)N * RING_B), *mine = malloc(RING_B);
     if (!x || !all || !mine) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
     for (size_t i = 0; i < RING_N; i++) x[i] = (float)((int)(i % 977) + 3 * r);
-    o->u[3] = strcmp(terse_allreduce_algorithm(c, NULL, RING_N), "dense-hier") == 0;
+    o->u[3] = strncmp(terse_allreduce_algorithm(c, NULL, RING_N), "dense-hier", 10) == 0;
     TR_CALL(o, terse_barrier(c));
     uint64_t before = c->fabric->bytes_sent;
     TR_CALL(o, terse_allreduce(c, x, RING_N, NULL, TERSE_OP_SUM));
@@ -722,5 +746,225 @@ Test(routed, ranks_passing_different_sizes_all_fail_with_shape) {
     for (int r = 0; r < 4; r++)
         cr_expect_eq(o[r].u[0], TERSE_ERR_SHAPE, "rank %d: %s: %s", r,
                      terse_status_name((terse_status)o[r].u[0]), o[r].err);
+    tr_release(o);
+}
+
+/* ---- the hierarchical all-reduce over each host's shared segment ---- */
+
+#include <pthread.h>
+#include <signal.h>
+
+/* The bodies' argument: the hosts first (set_host reads it), then theirs. */
+typedef struct {
+    host_setup h;
+    int want_seg, sig;
+} hs_arg;
+
+/* A float in [-1, 1) from (salt, rank, i): every rank can form any rank's. */
+static float hs_input(size_t salt, int rank, size_t i) {
+    uint64_t z = (salt * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)rank << 40) ^ i;
+    z ^= z >> 33, z *= 0xff51afd7ed558ccdull, z ^= z >> 33, z *= 0xc4ceb9fe1a85ec53ull;
+    z ^= z >> 33;
+    return (float)(z >> 40) / (float)(1u << 23) - 1.0f;
+}
+
+/* Sizes across the 4 KiB steps (1024 floats) of the first job, under
+ * TERSE_TOPOLOGY=hier (the hierarchical path at every size). */
+static const size_t hs_sizes[] = {1, 5, 1023, 1024, 1025, 2049, 3 * 1024 + 7, 100003};
+#define HS_N (sizeof hs_sizes / sizeof hs_sizes[0])
+#define HS_MAX 100003u
+
+/* For each size and op: u[k] 1 if the result is, bit for bit, the sum over
+ * hosts in host order of each host's sum in local-rank order (then divided
+ * by N for the average), hash[k] its hash; u[40] 1 if every call named the
+ * path the test expects (arg: 1 dense-hier-seg, 0 dense-hier). */
+static int hs_sums_body(terse_comm *c, tr_out *o, const void *arg) {
+    const int want_seg = ((const hs_arg *)arg)->want_seg;
+    const int N = terse_comm_size(c), r = terse_comm_rank(c), H = c->nhosts;
+    float *y = malloc(HS_MAX * sizeof(float)), *want = malloc(HS_MAX * sizeof(float)),
+          *hsum = malloc(HS_MAX * sizeof(float));
+    if (!y || !want || !hsum) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
+    int named = 1;
+    for (size_t k = 0; k < HS_N; k++)
+        for (int op = TERSE_OP_SUM; op <= TERSE_OP_AVG; op++) {
+            const size_t n = hs_sizes[k], slot = 2 * k + (size_t)op;
+            named = named && !strcmp(terse_allreduce_algorithm(c, NULL, n),
+                                     want_seg ? "dense-hier-seg" : "dense-hier");
+            for (size_t i = 0; i < n; i++) y[i] = hs_input(slot, r, i);
+            TR_CALL(o, terse_allreduce(c, y, n, NULL, (terse_op)op));
+            for (int g = 0; g < H; g++) {
+                int first = 1;
+                for (int q = 0; q < N; q++) { /* host g's ranks in rank (= local) order */
+                    if (c->host_of[q] != g) continue;
+                    for (size_t i = 0; i < n; i++)
+                        hsum[i] = first ? hs_input(slot, q, i) : hsum[i] + hs_input(slot, q, i);
+                    first = 0;
+                }
+                for (size_t i = 0; i < n; i++) want[i] = g == 0 ? hsum[i] : want[i] + hsum[i];
+            }
+            if (op == TERSE_OP_AVG)
+                for (size_t i = 0; i < n; i++) want[i] /= (float)N;
+            o->u[slot] = memcmp(y, want, n * sizeof(float)) == 0;
+            o->hash[slot] = tr_hash(y, n * sizeof(float));
+        }
+    o->u[40] = (uint64_t)named;
+    free(y), free(want), free(hsum);
+    return 0;
+}
+
+static tr_out *hs_run_sums(host_setup *h, int n, const char *segment, const char *step,
+                           int want_seg) {
+    setenv_size(n);
+    setenv("TERSE_TOPOLOGY", "hier", 1);
+    setenv("TERSE_SHM_SEGMENT", segment, 1);
+    if (step) setenv("TERSE_SEGMENT_STEP_BYTES", step, 1);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", n, 20000, 90, -1};
+    hs_arg a = {*h, want_seg, 0};
+    tr_out *o = tr_run(&job, hs_sums_body, &a);
+    unsetenv("TERSE_TOPOLOGY");
+    unsetenv("TERSE_SHM_SEGMENT");
+    unsetenv("TERSE_SEGMENT_STEP_BYTES");
+    return o;
+}
+
+/* Hosts of 3 and 2 ranks, interleaved (2 shards: host a's third rank owns
+ * none): exact in host-then-local order, the same bits on every rank and
+ * the same as the path over libfabric's shm; 4 KiB steps and the default. */
+Test(hier_seg, sums_in_host_then_local_order_and_the_bits_of_the_shm_path) {
+    host_setup h = {.host = {"a", "b", "a", "a", "b"}, .own_shm_rank = -1};
+    tr_out *seg = hs_run_sums(&h, 5, "auto", "4096", 1);
+    tr_out *big = hs_run_sums(&h, 5, "auto", NULL, 1);
+    tr_out *off = hs_run_sums(&h, 5, "off", NULL, 0);
+    for (int r = 0; r < 5; r++) {
+        cr_expect_eq(seg[r].u[40], 1, "rank %d: not every call took dense-hier-seg", r);
+        cr_expect_eq(off[r].u[40], 1, "rank %d: off did not take dense-hier", r);
+        for (size_t k = 0; k < 2 * HS_N; k++) {
+            cr_expect_eq(seg[r].u[k], 1, "rank %d: n = %zu %s (4 KiB steps) is not the sum in "
+                         "host-then-local order", r, hs_sizes[k / 2], k % 2 ? "avg" : "sum");
+            cr_expect_eq(big[r].u[k], 1, "rank %d: n = %zu %s (default steps) differs", r,
+                         hs_sizes[k / 2], k % 2 ? "avg" : "sum");
+            cr_expect_eq(seg[r].hash[k], seg[0].hash[k], "rank %d: n = %zu: other bits than "
+                         "rank 0's", r, hs_sizes[k / 2]);
+            cr_expect_eq(off[r].hash[k], seg[r].hash[k], "rank %d: n = %zu: the shm path's bits "
+                         "differ from the segment's", r, hs_sizes[k / 2]);
+        }
+    }
+    tr_release(seg);
+    tr_release(big);
+    tr_release(off);
+}
+
+/* Hosts of 3 and 1 (a leader a host; the lone rank has no segment). */
+Test(hier_seg, a_host_of_one_rank_beside_a_segment) {
+    host_setup h = {.host = {"a", "b", "a", "a"}, .own_shm_rank = -1};
+    tr_out *o = hs_run_sums(&h, 4, "auto", "4096", 1);
+    for (int r = 0; r < 4; r++) {
+        cr_expect_eq(o[r].u[40], 1, "rank %d: not every call took dense-hier-seg", r);
+        for (size_t k = 0; k < 2 * HS_N; k++) {
+            cr_expect_eq(o[r].u[k], 1, "rank %d: n = %zu %s differs", r, hs_sizes[k / 2],
+                         k % 2 ? "avg" : "sum");
+            cr_expect_eq(o[r].hash[k], o[0].hash[k], "rank %d: other bits than rank 0's", r);
+        }
+    }
+    tr_release(o);
+}
+
+/* Rank 3 (host b, with rank 2) stops or dies on its own 100 ms into a loop
+ * of 4 MiB all-reduces (16 segment steps each): every survivor fails
+ * within the timeout and a little; rank 2, its segment partner, names it
+ * (the timeout, or the store's loss notice); so does every survivor when
+ * it is killed. u[0] status, val[0] the failing call's time. The last
+ * survivor to fail kills a stopped rank. */
+#define HS_TIMEOUT_MS 3000
+
+static void *hs_stopper(void *p) {
+    usleep(100 * 1000);
+    raise(((const hs_arg *)p)->sig);
+    return NULL;
+}
+
+static int hs_stop_body(terse_comm *c, tr_out *o, const void *arg) {
+    const int sig = ((const hs_arg *)arg)->sig;
+    const int r = terse_comm_rank(c);
+    tr_out *all = o - r;
+    const size_t n = 1u << 20;
+    float *y = calloc(n, sizeof(float));
+    TR_CALL(o, terse_allreduce(c, y, n, NULL, TERSE_OP_SUM));
+    o->hash[1] = !strcmp(terse_allreduce_algorithm(c, NULL, n), "dense-hier-seg");
+    if (r == 3) __atomic_store_n(&o->u[50], (uint64_t)getpid(), __ATOMIC_RELEASE);
+    tr_say_ready(o);
+    tr_wait_all_ready(c, o);
+    if (r == 3) {
+        pthread_t t;
+        pthread_create(&t, NULL, hs_stopper, (void *)arg);
+        pthread_detach(t);
+    }
+    int failed = tr_allreduce_until_failure(c, o, y, n, NULL, TERSE_OP_SUM, 100000, NULL);
+    free(y);
+    uint64_t k = __atomic_add_fetch(&all[3].u[51], 1, __ATOMIC_ACQ_REL);
+    const double until = tr_now_ms() + 60000;
+    while (__atomic_load_n(&all[3].u[51], __ATOMIC_ACQUIRE) < 3 && tr_now_ms() < until)
+        usleep(1000);
+    if (sig == SIGSTOP && k == 3)
+        kill((pid_t)__atomic_load_n(&all[3].u[50], __ATOMIC_ACQUIRE), SIGKILL);
+    return failed ? 0 : tr_fail(o, TERSE_OK, "100000 all-reduces succeeded with a rank stopped");
+}
+
+static void hs_check_stop(int sig) {
+    static hs_arg a = {.h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1}};
+    a.sig = sig;
+    setenv_size(4);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", 4, HS_TIMEOUT_MS, 60, 3};
+    tr_out *o = tr_run(&job, hs_stop_body, &a);
+    for (int r = 0; r < 3; r++) {
+        terse_status s = (terse_status)o[r].u[0];
+        cr_expect_eq(o[r].hash[1], 1, "survivor %d: the all-reduce is not dense-hier-seg", r);
+        cr_expect(s == TERSE_ERR_TIMEOUT || s == TERSE_ERR_PEER_LOST, "survivor %d got %s (%s)",
+                  r, terse_status_name(s), o[r].err);
+        cr_expect_leq(o[r].val[0], HS_TIMEOUT_MS + 2000, "survivor %d took %.0f ms", r,
+                      o[r].val[0]);
+        if (r == 2 || sig == SIGKILL)
+            cr_expect(strstr(o[r].err, "rank 3"), "survivor %d does not name rank 3: %s", r,
+                      o[r].err);
+        fprintf(stderr, "hier-seg %s: survivor %d: %s after %.0f ms: %s\n", strsignal(sig), r,
+                terse_status_name(s), o[r].val[0], o[r].err);
+    }
+    tr_release(o);
+}
+
+Test(hier_seg, a_killed_local_rank_is_named_by_every_survivor) { hs_check_stop(SIGKILL); }
+Test(hier_seg, a_local_rank_stopped_mid_step_is_named_by_its_host) { hs_check_stop(SIGSTOP); }
+
+/* TERSE_CHECK_CALLS=off (no call descriptors): rank 3 passes another count;
+ * its host partner fails with TERSE_ERR_SHAPE from the segment's step, and
+ * no rank returns TERSE_OK. */
+static int hs_odd_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const size_t n = terse_comm_rank(c) == 3 ? (3u << 16) + 5 : 3u << 16;
+    float *y = calloc(n, sizeof(float));
+    tr_say_ready(o);
+    tr_wait_all_ready(c, o);
+    o->u[0] = (uint64_t)terse_allreduce(c, y, n, NULL, TERSE_OP_SUM);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    free(y);
+    return 0;
+}
+
+Test(hier_seg, calls_that_differ_fail_without_call_descriptors) {
+    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    setenv_size(4);
+    setenv("TERSE_CHECK_CALLS", "off", 1);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", 4, 3000, 60, -1};
+    tr_out *o = tr_run(&job, hs_odd_body, &h);
+    unsetenv("TERSE_CHECK_CALLS");
+    for (int r = 0; r < 4; r++) {
+        cr_expect_neq(o[r].u[0], TERSE_OK, "rank %d returned TERSE_OK from calls that differ", r);
+        fprintf(stderr, "hier-seg odd call: rank %d: %s\n", r, o[r].err);
+    }
+    cr_expect(o[2].u[0] == TERSE_ERR_SHAPE || o[3].u[0] == TERSE_ERR_SHAPE,
+              "neither rank of host b names the difference: %s | %s", o[2].err, o[3].err);
     tr_release(o);
 }

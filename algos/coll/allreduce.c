@@ -6,7 +6,9 @@
  *                       TERSE_RD_MAX_BYTES (64 KiB), else the pipelined ring;
  *                       with several hosts of equal size (and TERSE_TOPOLOGY
  *                       not flat) the hierarchical one above that size
- *                       (hier_allreduce.c; at any size with hier) -- the
+ *                       (hier_allreduce.c; at any size with hier), its
+ *                       intra-host phases over each host's shared segment
+ *                       unless TERSE_SHM_SEGMENT=off (seg_allreduce.c) -- the
  *                       dense sums inside rounds and summable codecs too
  *   a codec             whatever its function table offers
  *                       (compress/aggregate.h), in this order:
@@ -45,7 +47,9 @@
 
 terse_status terse__allreduce_dense(terse_comm *c, float *buf, size_t n, int divide) {
     if (c->seg) return terse__allreduce_seg(c, buf, n, divide);
-    if (terse__hier_wanted(c, n)) return terse__allreduce_hier(c, buf, n, divide);
+    if (terse__hier_wanted(c, n))
+        return terse__hier_seg_fits(c) ? terse__allreduce_hier_seg(c, buf, n, divide)
+                                       : terse__allreduce_hier(c, buf, n, divide);
     if (n <= terse__rd_max_bytes(c) / sizeof(float)) return terse__allreduce_rd(c, buf, n, divide);
     return terse__allreduce_ring(c, buf, n, divide);
 }
@@ -168,7 +172,8 @@ const char *terse_allreduce_algorithm(const terse_comm *c, const terse_codec *co
     if (!codec) {
         if (c->nranks == 1) return "local";
         if (c->seg) return "dense-seg";
-        if (terse__hier_wanted(c, n)) return "dense-hier";
+        if (terse__hier_wanted(c, n))
+            return terse__hier_seg_fits(c) ? "dense-hier-seg" : "dense-hier";
         return n <= terse__rd_max_bytes(c) / sizeof(float) ? "dense-rd" : "dense-ring";
     }
     switch (terse__codec_agg_kind(codec)) {

@@ -42,6 +42,12 @@ terse_status terse__allreduce_rd(terse_comm *c, float *buf, size_t n, int divide
  * equal size (what the compressed hierarchical path needs). */
 terse_status terse__allreduce_hier(terse_comm *c, float *buf, size_t n, int divide);
 int terse__hier_fits(const terse_comm *c);
+/* The same over each host's shared segment (seg_allreduce.c: the
+ * intra-host phases in the segment, the rail through the transport), when
+ * every host with several ranks made one (c->lseg_on) and fits: the
+ * choice wherever terse__hier_wanted holds. */
+terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int divide);
+int terse__hier_seg_fits(const terse_comm *c);
 /* Over the host's shared segment (seg_allreduce.c), at every size, when
  * every rank is on one host and init made one (c->seg, comm_segment.c). */
 terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divide);

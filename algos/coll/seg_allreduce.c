@@ -95,28 +95,50 @@ static inline void cpu_relax(void) {
 #define YIELD_NS 200000ull
 #define NAP_NS 20000
 #define PROGRESS_NS 1000000ull
+/* With messages in flight (the hierarchical path), a libfabric progress
+ * round this often while a wait spins. */
+#define PROGRESS_NET_NS 50000ull
 
-/* `polled`: when the call last polled; the clock runs across the call's
- * waits, so a call of many quick steps still polls the store and the abort
- * flag every PROGRESS_NS. */
+/* A wait's context: the segment, this rank's member index, each member's
+ * rank (NULL: member m is rank m, the one-host segment), and whether
+ * libfabric has requests of the call in flight (the hierarchical path's
+ * network phase: a progress round then drives them too, on the progress
+ * thread). `polled`: when the call last polled; the clock runs across the
+ * call's waits, so a call of many quick steps still polls the store and
+ * the abort flag every PROGRESS_NS. */
+typedef struct {
+    terse_comm *c;
+    terse__seg *g;
+    int me;
+    const int *rank_of;
+    int net;
+    uint64_t polled;
+} seg_wait;
+
+static int rank_of(const seg_wait *w, int m) { return w->rank_of ? w->rank_of[m] : m; }
 
 /* The store's loss notices and told failures, the call descriptors (in the
- * segment too) and the abort flag -- not libfabric's progress: nothing of
- * the call is in flight there, and a blocking call over the segment runs on
- * the caller's thread, where no libfabric call may spin (engine_api.c). */
-static terse_status progress(terse_comm *c, uint64_t *polled, uint64_t now) {
-    *polled = now;
-    terse_status s = terse__comm_check_alive(c);
-    if (s == TERSE_OK) s = terse__comm_poll_abort(c, "in the shared segment's all-reduce");
+ * segment too) and the abort flag -- not libfabric's progress unless the
+ * call has messages in flight: a blocking call over the one-host segment
+ * runs on the caller's thread, where no libfabric call may spin
+ * (engine_api.c). */
+static terse_status progress(seg_wait *w, uint64_t now) {
+    w->polled = now;
+    if (w->net) return terse__comm_progress(w->c);
+    terse_status s = terse__comm_check_alive(w->c);
+    if (s == TERSE_OK) s = terse__comm_poll_abort(w->c, "in the shared segment's all-reduce");
     return s;
 }
 
 /* Wait until every member's flag `which` is >= want. */
-static terse_status wait_all(terse_comm *c, terse__seg *g, uint64_t *polled, int which, uint64_t want) {
+static terse_status wait_all(seg_wait *w, int which, uint64_t want) {
+    terse_comm *c = w->c;
+    terse__seg *g = w->g;
     const int L = terse__seg_members(g);
     int next = 0; /* members below `next` are there */
     uint64_t moved = terse__now_ns();
     const uint64_t limit = (uint64_t)c->timeout_ms * 1000000ull;
+    const uint64_t every = w->net ? PROGRESS_NET_NS : PROGRESS_NS;
     for (uint64_t spins = 0;; spins++) {
         while (next < L && flag_load(terse__seg_flags_of(g, next), which) >= want) {
             next++;
@@ -129,28 +151,31 @@ static terse_status wait_all(terse_comm *c, terse__seg *g, uint64_t *polled, int
         }
         uint64_t now = terse__now_ns();
         if (moved == 0) moved = now;
-        if (now - *polled >= PROGRESS_NS) {
-            terse_status s = progress(c, polled, now);
+        if (now - w->polled >= every) {
+            terse_status s = progress(w, now);
             if (s != TERSE_OK) return s;
         }
         if (now - moved >= limit) {
             terse__seg_flags *f = terse__seg_flags_of(g, next);
             /* the rank awaited may itself wait for one further behind
              * (a call descriptor from a stopped rank): name that one too */
-            const int lag = terse__seg_laggard(g, c->rank, next);
+            const int lag = terse__seg_laggard(g, w->me, next);
             char behind[200] = "";
             if (lag >= 0 && lag != next)
                 snprintf(behind, sizeof behind, "; the rank furthest behind is rank %d (pid %lld), "
                          "which rank %d may be waiting for",
-                         lag, (long long)atomic_load_explicit(&terse__seg_flags_of(g, lag)->pid,
-                                                             memory_order_relaxed), next);
+                         rank_of(w, lag),
+                         (long long)atomic_load_explicit(&terse__seg_flags_of(g, lag)->pid,
+                                                         memory_order_relaxed),
+                         rank_of(w, next));
             terse_status s = TERSE_ERROR(
                 TERSE_ERR_TIMEOUT,
                 "rank %d: waited %d ms in the shared segment's %s (step %llu) for rank %d (pid "
                 "%lld) to publish %s, and it did not%s: it is stopped, stuck, or no longer "
                 "running the same collectives",
-                c->rank, c->timeout_ms, which == FLAG_BAR ? "barrier" : "all-reduce",
-                (unsigned long long)want, next,
+                c->rank, c->timeout_ms,
+                which == FLAG_BAR ? "barrier" : w->rank_of ? "hierarchical all-reduce" : "all-reduce",
+                (unsigned long long)want, rank_of(w, next),
                 (long long)atomic_load_explicit(&f->pid, memory_order_relaxed),
                 phase_name[which], behind);
             return terse__comm_explain(c, s, 0, 0);
@@ -171,7 +196,9 @@ static terse_status wait_all(terse_comm *c, terse__seg *g, uint64_t *polled, int
  * element count and op), else TERSE_ERR_SHAPE naming the first that does
  * not -- with TERSE_CHECK_CALLS=off nothing else would notice, and ranks
  * with other counts would run other numbers of steps and mix their data. */
-static terse_status same_call(terse_comm *c, terse__seg *g, uint64_t n, uint64_t op) {
+static terse_status same_call(const seg_wait *w, uint64_t n, uint64_t op) {
+    terse_comm *c = w->c;
+    terse__seg *g = w->g;
     const int L = terse__seg_members(g);
     for (int q = 0; q < L; q++) {
         terse__seg_flags *f = terse__seg_flags_of(g, q);
@@ -182,8 +209,8 @@ static terse_status same_call(terse_comm *c, terse__seg *g, uint64_t n, uint64_t
                                "rank %d: terse_allreduce of %llu floats (%s) in the shared "
                                "segment, but rank %d's call is of %llu floats (%s): pass the "
                                "same count and op on every rank",
-                               c->rank, (unsigned long long)n, op ? "average" : "sum", q,
-                               (unsigned long long)qn, qop ? "average" : "sum");
+                               c->rank, (unsigned long long)n, op ? "average" : "sum",
+                               rank_of(w, q), (unsigned long long)qn, qop ? "average" : "sum");
     }
     return TERSE_OK;
 }
@@ -210,7 +237,7 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
     const size_t B = terse__seg_step_floats(g);
     terse__seg_flags *mine = terse__seg_flags_of(g, me);
     const uint64_t t_start = terse__now_ns();
-    uint64_t polled = t_start;
+    seg_wait w = {c, g, me, NULL, 0, t_start};
     double busy = 0;
     terse_status st = TERSE_OK;
     for (size_t off = 0; off < n && st == TERSE_OK; off += B) {
@@ -219,14 +246,14 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
         const int p = (int)(s & 1);
         /* the abort flag at every step, however quick the waits */
         st = terse__comm_poll_abort(c, "in the shared segment's all-reduce");
-        if (st == TERSE_OK && s > 2) st = wait_all(c, g, &polled, FLAG_DONE, s - 2);
+        if (st == TERSE_OK && s > 2) st = wait_all(&w, FLAG_DONE, s - 2);
         if (st != TERSE_OK) break;
         memcpy(terse__seg_in(g, p, me), buf + off, m * sizeof(float));
         atomic_store_explicit(&mine->call_n, (uint64_t)n, memory_order_relaxed);
         atomic_store_explicit(&mine->call_op, (uint64_t)divide, memory_order_relaxed);
         flag_store(mine, FLAG_IN, s);
-        st = wait_all(c, g, &polled, FLAG_IN, s);
-        if (st == TERSE_OK) st = same_call(c, g, (uint64_t)n, (uint64_t)divide);
+        st = wait_all(&w, FLAG_IN, s);
+        if (st == TERSE_OK) st = same_call(&w, (uint64_t)n, (uint64_t)divide);
         if (st != TERSE_OK) break;
         size_t po, pl;
         terse__part(m, (size_t)L, (size_t)me, &po, &pl);
@@ -234,7 +261,7 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
         sum_share(g, p, po, pl, terse__seg_out(g, p) + po, divide, (float)c->nranks);
         busy += (double)(terse__now_ns() - t0) * 1e-9;
         flag_store(mine, FLAG_OUT, s);
-        st = wait_all(c, g, &polled, FLAG_OUT, s);
+        st = wait_all(&w, FLAG_OUT, s);
         if (st != TERSE_OK) break;
         memcpy(buf + off, terse__seg_out(g, p), m * sizeof(float));
         flag_store(mine, FLAG_DONE, s);
@@ -256,6 +283,157 @@ terse_status terse__barrier_seg(terse_comm *c) {
     terse__seg *g = c->seg;
     const uint64_t k = ++c->seg_bar;
     flag_store(terse__seg_flags_of(g, c->rank), FLAG_BAR, k);
-    uint64_t polled = terse__now_ns();
-    return wait_all(c, g, &polled, FLAG_BAR, k);
+    seg_wait w = {c, g, c->rank, NULL, 0, terse__now_ns()};
+    return wait_all(&w, FLAG_BAR, k);
+}
+
+/* ---- the hierarchical dense all-reduce over each host's segment ----
+ *
+ * In a job over several hosts (hier_allreduce.c has the plan and the
+ * bytes), with each host's segment (c->lseg, members its local ranks):
+ * the intra-host phases become the segment's, and only the rail between
+ * hosts goes through the transport. The buffer goes through in steps of
+ * the segment's step (B floats); with H hosts, L ranks on this one, S the
+ * fewest on any host, step s (numbered per host, the same on all of them:
+ * every rank runs the same steps), parity p = s % 2:
+ *   1. as the one-host path: wait until every local member finished step
+ *      s - 2; copy the slice into this member's input block; in = s; wait
+ *      for every member's input;
+ *   2. local rank l < S (the owner of shard l: the slice cut into S nearly
+ *      equal shards) sums its shard over the L input blocks in local-rank
+ *      order into the output block, then sends that host sum to the owners
+ *      of shard l on the other hosts and posts the receives of theirs (the
+ *      rail: the network);
+ *   3. one step later (so that step s + 1's copy-in and local sums run
+ *      while step s's shards cross the link): wait for the rail's messages,
+ *      sum the H host sums in host order into the output block (dividing
+ *      by the rank count for an average), out = s; every member waits for
+ *      every member's out, copies the output block back, done = s.
+ * A host of one rank (no segment) sends its slice itself and sums into its
+ * buffer. Each element's result is (sum over hosts in host order of (sum
+ * over local ranks in local-rank order)), formed once per rail member from
+ * the same bits and copied: every rank ends with the same bits, the same
+ * ones hier_allreduce.c's order gives.
+ *
+ * The failure contract: a wait on the segment also runs libfabric's
+ * progress (the rail's messages are in flight) with the store's loss
+ * notices and the abort flag; a local member that does not move for the
+ * timeout is named as on one host; the rail's waits are the transport's
+ * (terse__comm_wait). */
+
+/* dst = sum over hosts in host order, the own host's term being dst
+ * itself (an element at a time: it is read before it is written). */
+static void sum_hosts(float *restrict dst, float *const *from, int H, int h, size_t len,
+                      int divide, float divisor) {
+    for (size_t i = 0; i < len; i++) {
+        float acc = h == 0 ? dst[i] : from[0][i];
+        for (int k = 1; k < H; k++) acc += k == h ? dst[i] : from[k][i];
+        dst[i] = divide ? acc / divisor : acc;
+    }
+}
+
+typedef struct {
+    uint64_t s;  /* its step number */
+    size_t off, m; /* its slice of the buffer */
+    float *hsum; /* this owner's shard of it: its host sum, then the result */
+    size_t hlen;
+    size_t req0, nreq; /* its rail requests in c->reqs */
+} hier_step;
+
+terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int divide) {
+    terse__seg *g = c->lseg; /* NULL on a host of one rank */
+    const int S = c->local_min, H = c->nhosts, l = c->local_rank, h = c->host_index;
+    const int owner = l < S;
+    const size_t B = c->params.segment_step_bytes / sizeof(float);
+    const size_t shard_max = B / (size_t)S + 1;
+    int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
+    terse__hier_peers(c, local, rail);
+    /* two steps' rail receives, H slots of a shard each */
+    float *tmp = terse__comm_scratch(c, 3, 2 * (size_t)H * shard_max * sizeof(float));
+    if (!tmp) return TERSE_ERR_NOMEM;
+    seg_wait w = {c, g, l, local, 1, terse__now_ns()};
+    terse__seg_flags *mine = g ? terse__seg_flags_of(g, l) : NULL;
+    const size_t nsteps = (n + B - 1) / B;
+    hier_step st[2] = {{0}, {0}};
+    terse_status rc = TERSE_OK;
+    for (size_t t = 0; t <= nsteps && rc == TERSE_OK; t++) {
+        /* phases 1 and 2 of step t */
+        if (t < nsteps) {
+            hier_step *x = &st[t & 1];
+            x->s = ++c->lseg_step;
+            x->off = t * B;
+            x->m = n - x->off < B ? n - x->off : B;
+            const int p = (int)(x->s & 1);
+            rc = terse__comm_poll_abort(c, "in the hierarchical all-reduce");
+            if (rc == TERSE_OK && g && x->s > 2) rc = wait_all(&w, FLAG_DONE, x->s - 2);
+            if (rc != TERSE_OK) break;
+            if (g) {
+                memcpy(terse__seg_in(g, p, l), buf + x->off, x->m * sizeof(float));
+                atomic_store_explicit(&mine->call_n, (uint64_t)n, memory_order_relaxed);
+                atomic_store_explicit(&mine->call_op, (uint64_t)divide, memory_order_relaxed);
+                flag_store(mine, FLAG_IN, x->s);
+                rc = wait_all(&w, FLAG_IN, x->s);
+                if (rc == TERSE_OK) rc = same_call(&w, (uint64_t)n, (uint64_t)divide);
+                if (rc != TERSE_OK) break;
+            }
+            terse__comm_next_phase(c); /* every rank, owner or not: the tags agree */
+            x->nreq = 0;
+            x->req0 = (t & 1) ? TERSE__COMM_MAX_REQS / 2 : 0;
+            if (owner) {
+                size_t so, sl;
+                terse__part(x->m, (size_t)S, (size_t)l, &so, &sl);
+                x->hlen = sl;
+                if (g) {
+                    uint64_t t0 = terse__now_ns();
+                    x->hsum = terse__seg_out(g, p) + so;
+                    sum_share(g, p, so, sl, x->hsum, 0, 1.0f);
+                    terse__comm_codec_time(c, t0);
+                } else {
+                    x->hsum = buf + x->off + so;
+                }
+                const uint64_t tag = terse__comm_tag(c, 0);
+                float *in = tmp + (size_t)(t & 1) * (size_t)H * shard_max;
+                for (int k = 0; k < H && rc == TERSE_OK; k++) {
+                    if (k == h) continue;
+                    rc = terse__comm_irecv(c, rail[k], tag, in + (size_t)k * shard_max,
+                                           sl * sizeof(float), TERSE__BYTES_PAYLOAD,
+                                           &c->reqs[x->req0 + x->nreq++]);
+                    if (rc == TERSE_OK)
+                        rc = terse__comm_isend(c, rail[k], tag, x->hsum, sl * sizeof(float),
+                                               TERSE__BYTES_PAYLOAD,
+                                               &c->reqs[x->req0 + x->nreq++]);
+                }
+                if (rc != TERSE_OK) break;
+            }
+        }
+        /* phase 3 of step t - 1 */
+        if (t >= 1) {
+            hier_step *x = &st[(t - 1) & 1];
+            const int p = (int)(x->s & 1);
+            if (owner) {
+                rc = terse__comm_wait(c, &c->reqs[x->req0], x->nreq);
+                if (rc != TERSE_OK) break;
+                float *in = tmp + (size_t)((t - 1) & 1) * (size_t)H * shard_max, *from[64];
+                for (int k = 0; k < H; k++) from[k] = in + (size_t)k * shard_max;
+                uint64_t t0 = terse__now_ns();
+                sum_hosts(x->hsum, from, H, h, x->hlen, divide, (float)c->nranks);
+                terse__comm_codec_time(c, t0);
+            }
+            if (g) {
+                flag_store(mine, FLAG_OUT, x->s);
+                rc = wait_all(&w, FLAG_OUT, x->s);
+                if (rc != TERSE_OK) break;
+                memcpy(buf + x->off, terse__seg_out(g, p), x->m * sizeof(float));
+                flag_store(mine, FLAG_DONE, x->s);
+            }
+        }
+    }
+    return rc;
+}
+
+/* Every rank alike (lseg_on is the job's, the rest its host table). */
+int terse__hier_seg_fits(const terse_comm *c) {
+    if (!c->lseg_on) return 0;
+    /* two steps' rail requests, each 2 (H - 1), in c->reqs */
+    return 4 * (c->nhosts - 1) <= TERSE__COMM_MAX_REQS && c->nhosts <= 64;
 }

@@ -198,6 +198,15 @@ struct terse_comm {
      * steps run over it so far, the same on every rank. */
     struct terse__seg *seg;
     uint64_t seg_step, seg_bar; /* steps and barriers run over it */
+    /* In a job over several hosts: this host's segment (members: its local
+     * ranks, this rank member local_rank; NULL on a host of one rank) and
+     * lseg_on, the same on every rank: every host that has several ranks
+     * made and attached one, and the hierarchical dense all-reduce runs
+     * its intra-host phases over them (seg_allreduce.c). lseg_step: its
+     * steps so far, the same on every rank of the host. */
+    struct terse__seg *lseg;
+    int lseg_on;
+    uint64_t lseg_step;
     /* A colocated parameter server's communicators (engine_twin.c): they
      * share parent's store (not owned) and number their ranks virtually,
      * [0, vreal) the ranks' server endpoints, [vreal, 2 vreal) their worker
@@ -339,7 +348,12 @@ void terse__comm_hosts_single(terse_comm *c);
  * this host, TERSE_SHM_SEGMENT is not off, the wire is not authenticated
  * (TERSE_WIRE auto or none on shm) and this is not a replacement, the
  * ranks make and attach the segment; if any rank cannot, none uses it (the
- * rank that could not says why on stderr). Fails only if the store does. */
+ * rank that could not says why on stderr). In a job over several hosts
+ * with several ranks on some (the routed pair shm+net, not
+ * TERSE_TOPOLOGY=flat), each such host's ranks make one of their own
+ * (lseg), under the same conditions on the shm side (TERSE_WIRE auto or
+ * none: the network side's MAC stays), all or none. Fails only if the
+ * store does. */
 terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms);
 /* Unmap it (terse_comm_free; not while an executor may be inside it). */
 void terse__comm_segment_close(terse_comm *c);

@@ -22,9 +22,28 @@
 
 #define REC1 (1 + 8 + TERSE__SEG_NAME)
 
-static int wanted(const terse_comm *c) {
+/* Every rank on this host over shm: one segment for the job. */
+static int wanted_one(const terse_comm *c) {
     return c->nhosts == 1 && c->params.shm_segment == 0 && !c->wire_mac &&
            strcmp(c->provider, "shm") == 0;
+}
+
+/* Several hosts, several ranks on some: a segment on each such host, for
+ * the hierarchical all-reduce's intra-host phases. Decided from what every
+ * rank shares (agreed parameters, the host table), so all ranks want it
+ * alike. The shm side is not authenticated unless TERSE_WIRE asks for mac
+ * or seal everywhere (setup_wire in comm_join.c): then neither is this. */
+static int wanted_hosts(const terse_comm *c) {
+    return c->nhosts >= 2 && c->local_max >= 2 && c->host_of && c->params.topology != 1 &&
+           c->params.shm_segment == 0 && c->params.wire < 2;
+}
+
+/* The rank that makes this rank's segment: rank 0, or its host's first. */
+static int creator_of(const terse_comm *c, int hosts) {
+    if (!hosts) return 0;
+    for (int r = 0; r < c->nranks; r++)
+        if (c->host_of[r] == c->host_index) return r;
+    return c->rank;
 }
 
 terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms) {
@@ -34,12 +53,17 @@ terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms
     const size_t step = c->params.segment_step_bytes / sizeof(float);
     uint8_t mine[REC1] = {0};
     terse__seg *seg = NULL;
-    int want = !rejoin && wanted(c);
+    const int hosts = !rejoin && !wanted_one(c) && wanted_hosts(c);
+    int want = !rejoin && (wanted_one(c) || hosts);
+    /* this rank's group: the job, or its host's ranks (none to share with
+     * on a host of one: no segment there, but it takes part) */
+    const int members = hosts ? c->local_size : c->nranks, me = hosts ? c->local_rank : c->rank;
+    const int creator = creator_of(c, hosts), grouped = members >= 2;
     char why[400] = "";
-    if (want && c->rank == 0) {
+    if (want && grouped && c->rank == creator) {
         char name[TERSE__SEG_NAME] = {0};
         uint64_t cookie = 0;
-        if (terse__seg_create(c->rank, c->nranks, step, name, &cookie, &seg) == TERSE_OK) {
+        if (terse__seg_create(c->rank, members, step, name, &cookie, &seg) == TERSE_OK) {
             terse__put_u64(mine + 1, cookie);
             memcpy(mine + 9, name, TERSE__SEG_NAME);
         } else {
@@ -60,13 +84,14 @@ terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms
     uint8_t ok = 0;
     if (rejoin) {
         every = 0; /* the others made theirs long ago; this one is not in it */
-    } else if (every && c->rank == 0) {
+    } else if (every && (c->rank == creator || !grouped)) {
         ok = 1;
     } else if (every) {
+        const uint8_t *rec = a + (size_t)creator * REC1;
         char name[TERSE__SEG_NAME];
-        memcpy(name, a + 9, TERSE__SEG_NAME);
+        memcpy(name, rec + 9, TERSE__SEG_NAME);
         name[TERSE__SEG_NAME - 1] = 0;
-        if (terse__seg_attach(c->rank, name, c->nranks, step, terse__get_u64(a + 1), &seg) ==
+        if (terse__seg_attach(c->rank, name, members, step, terse__get_u64(rec + 1), &seg) ==
             TERSE_OK)
             ok = 1;
         else
@@ -80,18 +105,24 @@ terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms
         for (int r = 0; s == TERSE_OK && r < c->nranks; r++) ok = ok && o[r] == 1;
         free(o);
     }
-    terse__seg_unlink(seg); /* rank 0: everyone attached, or gave up */
+    terse__seg_unlink(seg); /* the creator: everyone attached, or gave up */
     if (s != TERSE_OK || !every || !ok) {
         terse__seg_close(seg);
         seg = NULL;
     }
     if (why[0])
         fprintf(stderr, "terse: rank %d: no shared segment (libfabric's shm carries the "
-                        "all-reduce instead): %s\n", c->rank, why);
+                        "%s instead): %s\n", c->rank,
+                hosts ? "hierarchical all-reduce's intra-host phases" : "all-reduce", why);
     if (s != TERSE_OK) return s;
-    c->seg = seg;
+    if (hosts) {
+        c->lseg = seg;
+        c->lseg_on = every && ok;
+    } else {
+        c->seg = seg;
+    }
     if (seg) {
-        terse__seg_flags *f = terse__seg_flags_of(seg, c->rank);
+        terse__seg_flags *f = terse__seg_flags_of(seg, me);
         atomic_store_explicit(&f->pid, (int64_t)c->pid, memory_order_relaxed);
     }
     return TERSE_OK;
@@ -100,4 +131,7 @@ terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms
 void terse__comm_segment_close(terse_comm *c) {
     terse__seg_close(c->seg);
     c->seg = NULL;
+    terse__seg_close(c->lseg);
+    c->lseg = NULL;
+    c->lseg_on = 0;
 }
