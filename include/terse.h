@@ -580,12 +580,21 @@ typedef struct terse_comm terse_comm;
  *                           terse_comm_stats counts no bytes for it. A
  *                           rank killed or stopped in it is named within
  *                           the store's grace or the timeout, as on the
- *                           transport. off keeps libfabric's shm.
- *                           Compared at init.
+ *                           transport. In a job over several hosts (not
+ *                           TERSE_TOPOLOGY=flat; TERSE_WIRE auto or none),
+ *                           each host with several ranks makes one the same
+ *                           way, and the hierarchical dense all-reduce runs
+ *                           its intra-host phases over it ("dense-hier-seg";
+ *                           the bits are those of "dense-hier", and only
+ *                           the bytes between hosts go through the
+ *                           transport and are counted). off keeps
+ *                           libfabric's shm. Compared at init.
  *   TERSE_SEGMENT_STEP_BYTES what one step of the segment's all-reduce
- *                           moves (default 256 KiB, 4 KiB .. 16 MiB; the
- *                           segment holds 2 (ranks + 1) steps). Compared
- *                           at init.
+ *                           moves (4 KiB .. 16 MiB; default 256 KiB with
+ *                           every rank on one host, 1 MiB in a job over
+ *                           several hosts, where a step's shard is also a
+ *                           message between hosts; the segment holds
+ *                           2 (ranks + 1) steps). Compared at init.
  *   TERSE_CHECK_CALLS       on (default) | off: off sends no call
  *                           descriptors (see "Arguments that differ
  *                           between ranks" above), saving one small message
@@ -751,7 +760,8 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * own them; not with S = 1 beside a host of more than 4 ranks), the
  * shards summed across hosts (one rail per shard, all at once), all-gather
  * inside each host; terse_allreduce_algorithm says
- * "dense-hier" -- and so are the
+ * "dense-hier", or "dense-hier-seg" with the intra-host phases over each
+ * host's shared segment (TERSE_SHM_SEGMENT) -- and so are the
  * dense sums inside codecs with rounds (powersgd) or a summable view
  * (randk). Codecs whose messages travel (fp16, bf16, int8, qsgd, sign,
  * ...) and that can be cut into local_size segments on their buckets take
@@ -823,7 +833,8 @@ TERSE_API terse_status terse_allreduce(terse_comm *comm, float *buf, size_t n,
  * dense) on this communicator, for logs and benchmarks: "dense-seg" (the
  * host's shared segment: TERSE_SHM_SEGMENT), "dense-rd"
  * (recursive doubling), "dense-ring", "dense-hier" (hierarchical:
- * terse_comm_topology), "codec-hier" (a codec's messages between hosts
+ * terse_comm_topology), "dense-hier-seg" (the same, inside each host over
+ * its shared segment), "codec-hier" (a codec's messages between hosts
  * only: terse_comm_topology), "rounds", "summable", "gather",
  * "gather-pipe" (the all-gather, pipelined in pieces), "rs"
  * (the compressed reduce-scatter), "local" (one rank, dense), or "invalid"

@@ -6,9 +6,11 @@
 # each into a bridge (10.78.0.x, existing only inside the namespaces
 # terse-run creates and removes), shaped with tbf to RATE each way when
 # RATE is given (e.g. 1gbit; "" for none). Ranks 0 .. L-1 run on host 0,
-# the next L on host 1. The same job runs twice, with
-# TERSE_TOPOLOGY=flat (one provider, the ring over 2L ranks) and auto (shm
-# inside a namespace, tcp across, the hierarchical all-reduce), each a
+# the next L on host 1. The same job runs three times, with
+# TERSE_TOPOLOGY=flat (one provider, the ring over 2L ranks), auto with
+# TERSE_SHM_SEGMENT=off (shm inside a namespace, tcp across, the
+# hierarchical all-reduce: "shm") and auto (its intra-host phases over each
+# host's shared segment instead: "seg"), each a
 # dense all-reduce of N floats (default 4 Mi = 16 MiB) ITERS times
 # (default 5). Prints each run's median time and the bytes host 0's link
 # carried each way (terse-run prints them), and the ratios; fails if a run
@@ -34,9 +36,14 @@ trap 'rm -f "$out" "$err" "$pidf"' EXIT
 
 fail=0
 declare -A med bytes_tx bytes_rx alg
-for topo in flat auto; do
+for topo in flat shm seg; do
+    case $topo in
+        flat) t=flat seg=auto ;;
+        shm) t=auto seg=off ;;
+        seg) t=auto seg=auto ;;
+    esac
     # terse-run's own pid names its namespaces (trh<pid>-*): exec keeps it.
-    TERSE_TOPOLOGY=$topo timeout -k 5 100 bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" \
+    TERSE_TOPOLOGY=$t TERSE_SHM_SEGMENT=$seg timeout -k 5 100 bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" \
         "$tr" --hosts 2 -n "$NR" ${rate:+--link "$rate"} --provider tcp --timeout-ms 30000 \
         "$prog" "$n" "$iters" >"$out" 2>"$err"
     rc=$?
@@ -61,17 +68,20 @@ for topo in flat auto; do
     fi
 done
 [[ $fail == 0 ]] || exit 1
-if [[ ${alg[flat]} != dense-ring || ${alg[auto]} != dense-hier ]]; then
-    echo "FAIL: paths: flat ran ${alg[flat]} (want dense-ring), auto ${alg[auto]} (want dense-hier)"
+if [[ ${alg[flat]} != dense-ring || ${alg[shm]} != dense-hier || ${alg[seg]} != dense-hier-seg ]]; then
+    echo "FAIL: paths: flat ran ${alg[flat]} (want dense-ring), shm ${alg[shm]} (want" \
+         "dense-hier), seg ${alg[seg]} (want dense-hier-seg)"
     exit 1
 fi
 # bytes model per direction, for (1 + ITERS) all-reduces of S = 4N bytes:
 # the flat ring over 2L ranks placed host by host crosses once each way:
 # 2(2L-1)/(2L) S; hierarchical: each of the L rails sends its S/L shard across: S.
 S=$((4 * n * (iters + 1)))
-awk -v ft="${bytes_tx[flat]}" -v ht="${bytes_tx[auto]}" -v fm="${med[flat]}" -v hm="${med[auto]}" \
-    -v S="$S" -v NR="$NR" -v L="$L" -v rate="${rate:-unshaped}" 'BEGIN {
+for h in shm seg; do
+awk -v ft="${bytes_tx[flat]}" -v ht="${bytes_tx[$h]}" -v fm="${med[flat]}" -v hm="${med[$h]}" \
+    -v S="$S" -v NR="$NR" -v L="$L" -v rate="${rate:-unshaped}" -v h="$h" 'BEGIN {
     f = 2 * (NR - 1) / NR
-    printf "2 x %d, link %s: hier/flat time %.2f (medians %s / %s ms); bytes 0->1 hier/flat %.3f (model %.3f); ", L, rate, hm / fm, hm, fm, ht / ft, 1 / f
+    printf "2 x %d, link %s: hier (%s)/flat time %.2f (medians %s / %s ms); bytes 0->1 hier/flat %.3f (model %.3f); ", L, rate, h, hm / fm, hm, fm, ht / ft, 1 / f
     printf "measured/model: flat %.3f, hier %.3f\n", ft / (f * S), ht / S }'
+done
 echo "PASS: flat and hierarchical all-reduce across the hosts terse-run --hosts 2 made"

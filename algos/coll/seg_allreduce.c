@@ -344,7 +344,7 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
     terse__seg *g = c->lseg; /* NULL on a host of one rank */
     const int S = c->local_min, H = c->nhosts, l = c->local_rank, h = c->host_index;
     const int owner = l < S;
-    const size_t B = c->params.segment_step_bytes / sizeof(float);
+    const size_t B = terse__comm_seg_step_bytes(c) / sizeof(float);
     const size_t shard_max = B / (size_t)S + 1;
     int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
     terse__hier_peers(c, local, rail);

@@ -103,7 +103,8 @@ typedef struct terse__params {
     size_t check_calls_off;  /* TERSE_CHECK_CALLS=off: no call descriptors (agreed) */
     size_t shm_segment;      /* TERSE_SHM_SEGMENT: 0 auto, 1 off (agreed) */
     size_t segment_step_bytes; /* TERSE_SEGMENT_STEP_BYTES: what one step of the shared
-                                  segment's all-reduce moves, default 256 KiB (agreed) */
+                                  segment's all-reduce moves; 0 (unset): the default,
+                                  terse__comm_seg_step_bytes (agreed) */
 } terse__params;
 
 /* 256 KiB: the transport moves a piece only between encodes (one progress
@@ -342,6 +343,16 @@ terse_status terse__comm_hosts(terse_comm *c, int timeout_ms);
 void terse__comm_hosts_single(terse_comm *c);
 
 /* ---- the host's shared segment (comm_segment.c) ---- */
+
+/* What one step over a segment moves: TERSE_SEGMENT_STEP_BYTES, else 256 KiB
+ * with every rank on one host (where 64 KiB and 1 MiB measured slower) and
+ * 1 MiB in a job over several hosts (a step's shard is also one message of
+ * the rail between hosts: at 256 KiB a 2 x 4 job on 1 Gbit/s links ran
+ * 6% slower; docs/collectives.md). The same on every rank. */
+static inline size_t terse__comm_seg_step_bytes(const terse_comm *c) {
+    if (c->params.segment_step_bytes) return c->params.segment_step_bytes;
+    return c->nhosts > 1 ? (size_t)1 << 20 : (size_t)256 << 10;
+}
 
 /* At init, after the wire is set up (two store all-gathers on every rank
  * of a job of several, a replacement's included): when every rank is on

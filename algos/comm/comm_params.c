@@ -71,8 +71,7 @@ terse_status terse__params_read(int rank, terse__params *p) {
     if (s == TERSE_OK) s = terse__env_choice("TERSE_SHM_SEGMENT", segs, 0, &seg);
     p->shm_segment = (size_t)seg;
     if (s == TERSE_OK)
-        s = terse__env_bytes(names[9], (size_t)256 << 10, 4096, (size_t)16 << 20,
-                             &p->segment_step_bytes);
+        s = terse__env_bytes(names[9], 0, 4096, (size_t)16 << 20, &p->segment_step_bytes);
     if (s == TERSE_OK)
         s = terse__env_bytes(names[5], TERSE__PIPELINE_BYTES_DEFAULT, 0, (size_t)1 << 40,
                              &p->pipeline_bytes);
@@ -122,11 +121,15 @@ terse_status terse__params_agree(terse_comm *c, int timeout_ms) {
                                          : "send different messages");
                 break;
             }
+            /* 0: unset (TERSE_SEGMENT_STEP_BYTES's default depends on the hosts) */
+            char a[32] = "unset", b[32] = "unset";
+            if (mine[i]) snprintf(a, sizeof a, "%" PRIu64, mine[i]);
+            if (theirs) snprintf(b, sizeof b, "%" PRIu64, theirs);
             s = TERSE_ERROR(TERSE_ERR_INVALID,
-                            "%s is %" PRIu64 " on rank %d but %" PRIu64 " on rank %d; ranks "
+                            "%s is %s on rank %d but %s on rank %d; ranks "
                             "that disagree would cut messages differently: set it alike on "
                             "every rank (or unset it everywhere)",
-                            names[i], mine[i], c->rank, theirs, r);
+                            names[i], a, c->rank, b, r);
             break;
         }
     free(all);

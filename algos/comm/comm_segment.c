@@ -50,7 +50,7 @@ terse_status terse__comm_segment_setup(terse_comm *c, int rejoin, int timeout_ms
     /* every rank of a job of several runs both rounds, whatever its own
      * view (a replacement may land on another host) */
     if (c->nranks < 2 || !c->store) return TERSE_OK;
-    const size_t step = c->params.segment_step_bytes / sizeof(float);
+    const size_t step = terse__comm_seg_step_bytes(c) / sizeof(float);
     uint8_t mine[REC1] = {0};
     terse__seg *seg = NULL;
     const int hosts = !rejoin && !wanted_one(c) && wanted_hosts(c);

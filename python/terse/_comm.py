@@ -314,7 +314,8 @@ class Comm(_Closing):
         """The algorithm allreduce runs for n floats with this codec (None:
         dense): "dense-seg" (the host's shared segment, every rank on one
         host), "dense-rd", "dense-ring", "dense-hier" (hierarchical, several
-        hosts), "codec-hier" (a codec's messages between hosts only, fp32
+        hosts), "dense-hier-seg" (the same, each host's part over its shared
+        segment), "codec-hier" (a codec's messages between hosts only, fp32
         inside them), "rounds", "summable", "gather", "gather-pipe" (the
         all-gather in pieces), "rs" (compressed reduce-scatter) or "local"
         (one rank)."""
