@@ -1,6 +1,8 @@
 /* allreduce_time N ITERS: one rank of a job (launched like allreduce_check)
  * that times ITERS dense all-reduces of N floats after one warm-up and
- * prints, on rank 0, "alg A provider P median_ms M min_ms M" -- for
+ * prints, on rank 0, "alg A provider P median_ms M min_ms M", then times
+ * 5 rounds of 100 barriers and prints "barrier_us B" (the median round's
+ * mean) -- for
  * tests/netns_hier.sh's hierarchical-against-flat measurement. Exits 1 with
  * a sentence on any failure or a wrong sum. */
 #include <stdio.h>
@@ -58,10 +60,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "allreduce_time rank %d: %s\n", r, terse_last_error());
         return 1;
     }
+    /* and the barrier: 5 rounds of 100, the median round's mean */
+    double bt[5];
+    for (int k = 0; k < 5 && s == TERSE_OK; k++) {
+        double t0 = now_ms();
+        for (int i = 0; i < 100 && s == TERSE_OK; i++) s = terse_barrier(c);
+        bt[k] = (now_ms() - t0) * 10.0; /* us per barrier */
+    }
+    if (s != TERSE_OK) {
+        fprintf(stderr, "allreduce_time rank %d: barrier: %s\n", r, terse_last_error());
+        return 1;
+    }
     qsort(t, (size_t)iters, sizeof *t, cmp);
-    if (r == 0)
+    qsort(bt, 5, sizeof *bt, cmp);
+    if (r == 0) {
         printf("alg %s provider %s median_ms %.1f min_ms %.1f\n",
                terse_allreduce_algorithm(c, NULL, n), terse_comm_provider(c), t[iters / 2], t[0]);
+        printf("barrier_us %.1f\n", bt[2]);
+    }
     terse_comm_free(c);
     free(x);
     free(t);

@@ -53,7 +53,7 @@ for topo in flat shm seg; do
         fail=1
     fi
     line=$(grep '^\[0\] alg ' "$out" | sed 's/^\[0\] //')
-    echo "$topo: $line"
+    echo "$topo: $line; barrier $(grep '^\[0\] barrier_us ' "$out" | awk '{print $3}') us"
     alg[$topo]=$(awk '{print $2}' <<<"$line")
     med[$topo]=$(awk '{print $6}' <<<"$line")
     link=$(grep "^terse-run: host 0 link: sent " "$err")

@@ -942,7 +942,8 @@ Test(hier_seg, a_local_rank_stopped_mid_step_is_named_by_its_host) { hs_check_st
  * no rank returns TERSE_OK. */
 static int hs_odd_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
-    const size_t n = terse_comm_rank(c) == 3 ? (3u << 16) + 5 : 3u << 16;
+    const char *odd = getenv("HS_ODD"); /* set_host: host_setup's var */
+    const size_t n = odd && !strcmp(odd, "1") ? (3u << 16) + 5 : 3u << 16;
     float *y = calloc(n, sizeof(float));
     tr_say_ready(o);
     tr_wait_all_ready(c, o);
@@ -953,7 +954,10 @@ static int hs_odd_body(terse_comm *c, tr_out *o, const void *arg) {
 }
 
 Test(hier_seg, calls_that_differ_fail_without_call_descriptors) {
-    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    host_setup h = {.host = {"a", "a", "b", "b"},
+                    .var = "HS_ODD",
+                    .val = {"0", "0", "0", "1"},
+                    .own_shm_rank = -1};
     setenv_size(4);
     setenv("TERSE_CHECK_CALLS", "off", 1);
     tr_before_init = set_host;
@@ -966,5 +970,118 @@ Test(hier_seg, calls_that_differ_fail_without_call_descriptors) {
     }
     cr_expect(o[2].u[0] == TERSE_ERR_SHAPE || o[3].u[0] == TERSE_ERR_SHAPE,
               "neither rank of host b names the difference: %s | %s", o[2].err, o[3].err);
+    tr_release(o);
+}
+
+/* The barrier over each host's segment and among the hosts' first ranks:
+ * 20 barriers, before each a rank-dependent nap (a different rank is the
+ * last to arrive each time); no rank may leave a barrier before the last
+ * one entered it. f[2i], f[2i + 1]: this rank's entry and exit of barrier i
+ * (ms on CLOCK_MONOTONIC, shared by the processes), minus a base. */
+#define HB_ROUNDS 20
+
+static int hb_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c), N = terse_comm_size(c);
+    TR_CALL(o, terse_barrier(c));
+    const double base = tr_now_ms();
+    for (int i = 0; i < HB_ROUNDS; i++) {
+        if ((i + r) % N == 0) usleep(20 * 1000); /* the last to arrive */
+        o->f[2 * i] = (float)(tr_now_ms() - base);
+        TR_CALL(o, terse_barrier(c));
+        o->f[2 * i + 1] = (float)(tr_now_ms() - base);
+    }
+    o->val[0] = base;
+    return 0;
+}
+
+static void hb_check(host_setup *h, int n) {
+    setenv_size(n);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", n, 20000, 60, -1};
+    tr_out *o = tr_run(&job, hb_body, h);
+    for (int i = 0; i < HB_ROUNDS; i++) {
+        double last_in = -1e18, first_out = 1e18;
+        for (int r = 0; r < n; r++) {
+            double in = o[r].val[0] + o[r].f[2 * i], out = o[r].val[0] + o[r].f[2 * i + 1];
+            if (in > last_in) last_in = in;
+            if (out < first_out) first_out = out;
+        }
+        /* float ms offsets from each rank's own base: well under 0.1 ms */
+        cr_expect_geq(first_out + 0.1, last_in, "barrier %d: a rank left %.3f ms before the last "
+                      "one entered", i, last_in - first_out);
+    }
+    tr_release(o);
+}
+
+Test(hier_seg, barrier_nobody_leaves_before_everyone_entered) {
+    host_setup a = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    hb_check(&a, 4);
+    host_setup b = {.host = {"a", "b", "a", "c", "a"}, .own_shm_rank = -1}; /* 3 + 1 + 1 */
+    hb_check(&b, 5);
+}
+
+/* Rank 3 stops before a barrier: every survivor's barrier fails (timeout,
+ * or the store's word once another survivor failed) and its host partner,
+ * rank 2, names it. */
+static int hb_stop_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const int r = terse_comm_rank(c);
+    tr_out *all = o - r;
+    TR_CALL(o, terse_barrier(c));
+    if (r == 3) __atomic_store_n(&o->u[50], (uint64_t)getpid(), __ATOMIC_RELEASE);
+    tr_say_ready(o);
+    tr_wait_all_ready(c, o);
+    if (r == 3) raise(SIGSTOP);
+    const double t0 = tr_now_ms();
+    terse_status s = terse_barrier(c);
+    o->val[0] = tr_now_ms() - t0;
+    o->u[0] = (uint64_t)s;
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    uint64_t k = __atomic_add_fetch(&all[3].u[51], 1, __ATOMIC_ACQ_REL);
+    const double until = tr_now_ms() + 60000;
+    while (__atomic_load_n(&all[3].u[51], __ATOMIC_ACQUIRE) < 3 && tr_now_ms() < until)
+        usleep(1000);
+    if (k == 3) kill((pid_t)__atomic_load_n(&all[3].u[50], __ATOMIC_ACQUIRE), SIGKILL);
+    return 0;
+}
+
+Test(hier_seg, a_rank_stopped_before_a_barrier_fails_every_survivor) {
+    host_setup h = {.host = {"a", "a", "b", "b"}, .own_shm_rank = -1};
+    setenv_size(4);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", 4, HS_TIMEOUT_MS, 60, 3};
+    tr_out *o = tr_run(&job, hb_stop_body, &h);
+    for (int r = 0; r < 3; r++) {
+        terse_status s = (terse_status)o[r].u[0];
+        cr_expect(s == TERSE_ERR_TIMEOUT || s == TERSE_ERR_PEER_LOST, "survivor %d got %s (%s)",
+                  r, terse_status_name(s), o[r].err);
+        cr_expect_leq(o[r].val[0], HS_TIMEOUT_MS + 2000, "survivor %d took %.0f ms", r,
+                      o[r].val[0]);
+        fprintf(stderr, "hier barrier, rank 3 stopped: survivor %d: %s after %.0f ms: %s\n", r,
+                terse_status_name(s), o[r].val[0], o[r].err);
+    }
+    cr_expect(strstr(o[2].err, "rank 3"), "rank 2 does not name rank 3: %s", o[2].err);
+    tr_release(o);
+}
+
+/* The same where each host agrees within itself but the hosts differ (host
+ * b's ranks both pass the other count): the rail's messages differ in
+ * length, which the transport refuses; no rank returns TERSE_OK. */
+Test(hier_seg, hosts_that_differ_fail_without_call_descriptors) {
+    host_setup h = {.host = {"a", "a", "b", "b"},
+                    .var = "HS_ODD",
+                    .val = {"0", "0", "1", "1"},
+                    .own_shm_rank = -1};
+    setenv_size(4);
+    setenv("TERSE_CHECK_CALLS", "off", 1);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", 4, 3000, 60, -1};
+    tr_out *o = tr_run(&job, hs_odd_body, &h);
+    unsetenv("TERSE_CHECK_CALLS");
+    for (int r = 0; r < 4; r++) {
+        cr_expect_neq(o[r].u[0], TERSE_OK, "rank %d returned TERSE_OK from calls that differ", r);
+        fprintf(stderr, "hier-seg hosts differ: rank %d: %s\n", r, o[r].err);
+    }
     tr_release(o);
 }

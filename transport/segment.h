@@ -54,7 +54,10 @@ typedef struct terse__seg_flags {
     _Atomic uint64_t desc_seq; /* the last call whose descriptor it wrote */
     char pad4[56];
     _Atomic uint64_t bar;  /* the last barrier it entered */
-    char pad5[56];
+    /* a host's first member in a job over several hosts: the last barrier
+     * it released its host from (every host arrived) */
+    _Atomic uint64_t rel;
+    char pad5[48];
 } terse__seg_flags;
 
 /* Call descriptors (algos/comm/comm_desc.c): each member's last

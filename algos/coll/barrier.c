@@ -6,7 +6,9 @@
  * leaves before everyone has entered. Any N, no root, log2 N latency.
  * With the host's shared segment (every rank on one host), each rank
  * publishes its arrival there and waits for the others' instead
- * (seg_allreduce.c): no message at all. */
+ * (seg_allreduce.c): no message at all. In a job over several hosts with
+ * each host's segment (c->lseg_on), a host's ranks arrive in its segment
+ * and only the hosts' first ranks exchange messages (terse__barrier_hier_seg). */
 #include "algos/coll/coll.h"
 #include "common/error.h"
 
@@ -14,6 +16,7 @@ terse_status terse__barrier_run(terse_comm *c) {
     const int N = c->nranks;
     if (N == 1) return TERSE_OK;
     if (c->seg) return terse__barrier_seg(c);
+    if (c->lseg_on) return terse__barrier_hier_seg(c);
     terse__comm_next_phase(c);
     static const char none;
     char sink;

@@ -53,6 +53,9 @@ int terse__hier_seg_fits(const terse_comm *c);
 terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divide);
 /* The barrier over the same segment (seg_allreduce.c). */
 terse_status terse__barrier_seg(terse_comm *c);
+/* The barrier over each host's segment and among the hosts' first ranks
+ * (seg_allreduce.c), when c->lseg_on. */
+terse_status terse__barrier_hier_seg(terse_comm *c);
 int terse__hier_wanted(const terse_comm *c, size_t n);
 /* local[j]: the rank of local rank j on this host; rail[g]: the rank of
  * this local rank on host g (this rank itself at its own slots). */

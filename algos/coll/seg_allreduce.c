@@ -59,16 +59,18 @@
 #include "common/error.h"
 #include "transport/segment.h"
 
-enum { FLAG_IN, FLAG_OUT, FLAG_DONE, FLAG_BAR };
+enum { FLAG_IN, FLAG_OUT, FLAG_DONE, FLAG_BAR, FLAG_REL };
 
-static const char *const phase_name[] = {"its input", "its share of the sum",
-                                         "its copy of the result", "its arrival at the barrier"};
+static const char *const phase_name[] = {
+    "its input", "its share of the sum", "its copy of the result", "its arrival at the barrier",
+    "the barrier's release (every host arrived)"};
 
 static _Atomic uint64_t *flag_of(terse__seg_flags *f, int which) {
     switch (which) {
     case FLAG_IN: return &f->in;
     case FLAG_OUT: return &f->out;
     case FLAG_DONE: return &f->done;
+    case FLAG_REL: return &f->rel;
     default: return &f->bar;
     }
 }
@@ -130,11 +132,11 @@ static terse_status progress(seg_wait *w, uint64_t now) {
     return s;
 }
 
-/* Wait until every member's flag `which` is >= want. */
-static terse_status wait_all(seg_wait *w, int which, uint64_t want) {
+/* Wait until the flag `which` of members 0 .. upto - 1 is >= want. */
+static terse_status wait_members(seg_wait *w, int which, uint64_t want, int upto) {
     terse_comm *c = w->c;
     terse__seg *g = w->g;
-    const int L = terse__seg_members(g);
+    const int L = upto;
     int next = 0; /* members below `next` are there */
     uint64_t moved = terse__now_ns();
     const uint64_t limit = (uint64_t)c->timeout_ms * 1000000ull;
@@ -174,7 +176,7 @@ static terse_status wait_all(seg_wait *w, int which, uint64_t want) {
                 "%lld) to publish %s, and it did not%s: it is stopped, stuck, or no longer "
                 "running the same collectives",
                 c->rank, c->timeout_ms,
-                which == FLAG_BAR ? "barrier" : w->rank_of ? "hierarchical all-reduce" : "all-reduce",
+                which >= FLAG_BAR ? "barrier" : w->rank_of ? "hierarchical all-reduce" : "all-reduce",
                 (unsigned long long)want, rank_of(w, next),
                 (long long)atomic_load_explicit(&f->pid, memory_order_relaxed),
                 phase_name[which], behind);
@@ -192,6 +194,11 @@ static terse_status wait_all(seg_wait *w, int which, uint64_t want) {
     return TERSE_OK;
 }
 
+/* Wait until every member's flag `which` is >= want. */
+static terse_status wait_all(seg_wait *w, int which, uint64_t want) {
+    return wait_members(w, which, want, terse__seg_members(w->g));
+}
+
 /* After the inputs of a step are in: every member runs the same call (its
  * element count and op), else TERSE_ERR_SHAPE naming the first that does
  * not -- with TERSE_CHECK_CALLS=off nothing else would notice, and ranks
@@ -204,13 +211,18 @@ static terse_status same_call(const seg_wait *w, uint64_t n, uint64_t op) {
         terse__seg_flags *f = terse__seg_flags_of(g, q);
         uint64_t qn = atomic_load_explicit(&f->call_n, memory_order_relaxed);
         uint64_t qop = atomic_load_explicit(&f->call_op, memory_order_relaxed);
-        if (qn != n || qop != op)
+        if (qn != n || qop != op) {
+            /* a mismatch found here, as by the call descriptors: told to
+             * the other ranks through the store (comm_desc.c), so that
+             * ranks on other hosts fail with this sentence, not a loss */
+            c->desc_failed = c->desc_on;
             return TERSE_ERROR(TERSE_ERR_SHAPE,
                                "rank %d: terse_allreduce of %llu floats (%s) in the shared "
                                "segment, but rank %d's call is of %llu floats (%s): pass the "
                                "same count and op on every rank",
                                c->rank, (unsigned long long)n, op ? "average" : "sum",
                                rank_of(w, q), (unsigned long long)qn, qop ? "average" : "sum");
+        }
     }
     return TERSE_OK;
 }
@@ -436,4 +448,37 @@ int terse__hier_seg_fits(const terse_comm *c) {
     if (!c->lseg_on) return 0;
     /* two steps' rail requests, each 2 (H - 1), in c->reqs */
     return 4 * (c->nhosts - 1) <= TERSE__COMM_MAX_REQS && c->nhosts <= 64;
+}
+
+/* The barrier in a job over several hosts, with each host's segment: every
+ * local rank publishes its arrival in the segment; each host's first rank
+ * waits for its host's, then the first ranks run the dissemination barrier
+ * among themselves (barrier.c; ceil(log2 H) rounds across hosts instead of
+ * ceil(log2 N) over the routed pairs), then release their hosts through the
+ * segment. Nobody leaves before everyone has entered: a host's release
+ * follows every host's first rank's arrival, which followed its host's. */
+terse_status terse__barrier_hier_seg(terse_comm *c) {
+    terse__seg *g = c->lseg; /* NULL on a host of one rank */
+    const int H = c->nhosts, h = c->host_index, l = c->local_rank;
+    const uint64_t k = ++c->lseg_bar;
+    int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
+    terse__hier_peers(c, local, rail);
+    seg_wait w = {c, g, l, local, 1, terse__now_ns()};
+    terse__comm_next_phase(c); /* every rank: the phases stay in step */
+    if (g) flag_store(terse__seg_flags_of(g, l), FLAG_BAR, k);
+    if (l != 0) return wait_members(&w, FLAG_REL, k, 1);
+    if (g) TERSE_CHECK(wait_all(&w, FLAG_BAR, k));
+    static const char none;
+    char sink;
+    uint64_t round = 0;
+    for (int dist = 1; dist < H; dist *= 2, round++) {
+        const uint64_t tag = terse__comm_tag(c, round);
+        TERSE_CHECK(terse__comm_irecv(c, terse__hier_rank_at(c, (h - dist % H + H) % H, 0), tag,
+                                      &sink, 0, TERSE__BYTES_FRAMING, &c->reqs[0]));
+        TERSE_CHECK(terse__comm_isend(c, terse__hier_rank_at(c, (h + dist) % H, 0), tag, &none,
+                                      0, TERSE__BYTES_FRAMING, &c->reqs[1]));
+        TERSE_CHECK(terse__comm_wait(c, c->reqs, 2));
+    }
+    if (g) flag_store(terse__seg_flags_of(g, 0), FLAG_REL, k);
+    return TERSE_OK;
 }

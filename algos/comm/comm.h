@@ -187,6 +187,8 @@ struct terse_comm {
      * the previous rank's; the executor's only. */
     int desc_on, desc_checked, desc_failed, desc_kind;
     int desc_block; /* shm: the data waits for the previous rank's descriptor */
+    int desc_unblocked; /* this call sends nothing through shm: it need not
+                           (set by the engine before each call's start) */
     uint8_t desc_mine[TERSE__COMM_DESC_BYTES], desc_theirs[TERSE__COMM_DESC_BYTES];
     terse__fabric_req desc_req[2];
     /* With the host's segment (seg below) the descriptors go through it
@@ -207,7 +209,7 @@ struct terse_comm {
      * steps so far, the same on every rank of the host. */
     struct terse__seg *lseg;
     int lseg_on;
-    uint64_t lseg_step;
+    uint64_t lseg_step, lseg_bar; /* its steps and barriers so far */
     /* A colocated parameter server's communicators (engine_twin.c): they
      * share parent's store (not owned) and number their ranks virtually,
      * [0, vreal) the ranks' server endpoints, [vreal, 2 vreal) their worker

@@ -141,6 +141,8 @@ static terse_status seg_wait(terse_comm *c) {
 
 terse_status terse__comm_desc_start(terse_comm *c, int kind, uint64_t count, uint32_t arg,
                                     const char *codec) {
+    const int unblocked = c->desc_unblocked; /* for this call only */
+    c->desc_unblocked = 0;
     c->desc_on = 0;
     if (c->nranks < 2 || !c->fabric || c->params.check_calls_off) return TERSE_OK;
     encode(c->desc_mine, kind, count, arg, codec);
@@ -170,8 +172,11 @@ terse_status terse__comm_desc_start(terse_comm *c, int kind, uint64_t count, uin
      * previous rank's word. Then a rank whose size differs fails before it
      * sends anything, and so does the next rank, so no rank receives a
      * message of another length; the others hear it from the store. Costs
-     * one hop of latency per call on shm only. */
-    if (!c->desc_block) return TERSE_OK;
+     * one hop of latency per call on shm only -- and not for a call that
+     * sends nothing through shm (desc_unblocked: over each host's segment,
+     * only messages between hosts, which the network provider truncates
+     * with an error instead). */
+    if (!c->desc_block || unblocked) return TERSE_OK;
     TERSE_CHECK(terse__comm_wait(c, &c->desc_req[0], 1));
     return terse__comm_desc_check(c);
 }
