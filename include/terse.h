@@ -476,7 +476,9 @@ TERSE_API terse_status terse_wire_inspect(const void *src, size_t len,
  * A broadcast's root may return TERSE_OK before anyone found it (it only
  * sends, and its buffer is its own). Over shm the data waits for the
  * previous rank's descriptor (one hop of latency; libfabric 1.17's shm
- * spins when a longer message than was posted arrives); elsewhere the
+ * spins when a longer message than was posted arrives) -- except in calls
+ * that send nothing through shm (a dense all-reduce or barrier over the
+ * hosts' shared segments in a job over several hosts); elsewhere the
  * descriptor travels beside the data. Options of the same codec (bucket,
  * bits) are not compared: the data path finds those (TERSE_ERR_CORRUPT).
  *

@@ -476,11 +476,12 @@ Test(routed, broadcast_crosses_between_hosts_once_whatever_the_placement) {
     check_bcast_order(1);
 }
 
-/* 6 ranks on hosts a b a b a a (4 + 2, interleaved). The all-gather's ring
- * runs in host order (comm.h ring_at), 0 2 4 5 1 3, crossing between the
- * hosts at 2 of its 6 hops, where rank order crossed at 4: the network
- * endpoints carry exactly 2 hops' worth (N-1 blocks and their 16-byte size
- * records per hop). The dense all-reduce is hierarchical although the
+/* 6 ranks on hosts a b a b a a (4 + 2, interleaved). The all-gather
+ * is hierarchical although the hosts differ in size (allgather.c,
+ * hier_gather): each block crosses to the other host once, N blocks in all,
+ * where a ring in host order (0 2 4 5 1 3, crossing at 2 of its 6 hops)
+ * would carry 2 hops' worth, N - 1 blocks each; the 16-byte size records
+ * still go round that ring. The dense all-reduce is hierarchical although the
  * hosts differ in size (2 shards, owned by local ranks 0 and 1 of each
  * host): each host's sum crosses once each way, 2 x n floats in all --
  * against 2 hops' worth of a ring in host order (2 x 2 (N-1)/N n) and 4 in
@@ -534,14 +535,17 @@ Test(routed, uneven_interleaved_hosts_cross_once_per_host_allgather_and_allreduc
         ar += o[r].u[0], ag += o[r].u[1];
     }
     const uint64_t want_ar = 2 * RING_N * 4; /* H (H - 1) host sums of n floats */
-    const uint64_t want_ag = hops * (N - 1) * (RING_B + 16);
+    /* blocks: each crosses to the other host once (hierarchical); size
+     * records: the ring in host order */
+    const uint64_t want_ag = N * (uint64_t)RING_B + hops * (N - 1) * 16;
     cr_expect_eq(ar, want_ar, "the all-reduce sent %llu bytes between hosts, want %llu (a ring "
                               "in host order: %llu)", (unsigned long long)ar,
                  (unsigned long long)want_ar,
                  (unsigned long long)(hops * 2 * (N - 1) * (RING_N / N) * 4));
-    cr_expect_eq(ag, want_ag, "the all-gather sent %llu bytes between hosts, want %llu (%.2f "
-                              "hops' worth)", (unsigned long long)ag, (unsigned long long)want_ag,
-                 (double)ag / (double)(want_ag / hops));
+    cr_expect_eq(ag, want_ag, "the all-gather sent %llu bytes between hosts, want %llu (a ring "
+                              "in host order: %llu)", (unsigned long long)ag,
+                 (unsigned long long)want_ag,
+                 (unsigned long long)(hops * (N - 1) * (RING_B + 16)));
     tr_release(o);
 }
 
@@ -770,9 +774,10 @@ static float hs_input(size_t salt, int rank, size_t i) {
 
 /* Sizes across the 4 KiB steps (1024 floats) of the first job, under
  * TERSE_TOPOLOGY=hier (the hierarchical path at every size). */
-static const size_t hs_sizes[] = {1, 5, 1023, 1024, 1025, 2049, 3 * 1024 + 7, 100003};
+static const size_t hs_sizes[] = {1, 5, 1023, 1024, 1025, 2049, 3 * 1024 + 7, 100003,
+                                  2 * 262144 + 17}; /* the last: 3 default steps */
 #define HS_N (sizeof hs_sizes / sizeof hs_sizes[0])
-#define HS_MAX 100003u
+#define HS_MAX (2u * 262144u + 17u)
 
 /* For each size and op: u[k] 1 if the result is, bit for bit, the sum over
  * hosts in host order of each host's sum in local-rank order (then divided
@@ -871,7 +876,7 @@ Test(hier_seg, a_host_of_one_rank_beside_a_segment) {
 }
 
 /* Rank 3 (host b, with rank 2) stops or dies on its own 100 ms into a loop
- * of 4 MiB all-reduces (16 segment steps each): every survivor fails
+ * of 4 MiB all-reduces (4 segment steps each): every survivor fails
  * within the timeout and a little; rank 2, its segment partner, names it
  * (the timeout, or the store's loss notice); so does every survivor when
  * it is killed. u[0] status, val[0] the failing call's time. The last
@@ -1083,5 +1088,32 @@ Test(hier_seg, hosts_that_differ_fail_without_call_descriptors) {
         cr_expect_neq(o[r].u[0], TERSE_OK, "rank %d returned TERSE_OK from calls that differ", r);
         fprintf(stderr, "hier-seg hosts differ: rank %d: %s\n", r, o[r].err);
     }
+    tr_release(o);
+}
+
+/* The hierarchical all-gather on hosts of unequal size: 2 + 3 interleaved
+ * (b a b a b): every block crosses to the other host once (5 blocks, and
+ * the size records' ring in host order, 2 crossing hops of 4 records);
+ * 3 + 2 + 1 (a b a c a b): blocks of unequal sizes and an empty one
+ * arrive whole. */
+Test(routed, allgather_on_hosts_of_unequal_size_sends_each_block_across_once) {
+    host_setup h = {.host = {"b", "a", "b", "a", "b"}, .own_shm_rank = -1};
+    tr_out *o = run_counting(&h, 5, hier_gather_body);
+    uint64_t net = 0;
+    for (int r = 0; r < 5; r++) {
+        cr_expect_eq(o[r].u[2], 0, "rank %d: %llu wrong blocks or counts", r,
+                     (unsigned long long)o[r].u[2]);
+        net += o[r].u[0];
+    }
+    const uint64_t want = 5 * (uint64_t)RING_B + 2 * 4 * 16;
+    cr_expect_eq(net, want, "the all-gather sent %llu bytes between hosts, want %llu (a ring in "
+                            "host order: %llu)", (unsigned long long)net,
+                 (unsigned long long)want, (unsigned long long)(2 * 4 * (RING_B + 16)));
+    tr_release(o);
+    host_setup t = {.host = {"a", "b", "a", "c", "a", "b"}, .own_shm_rank = -1};
+    o = run_counting(&t, 6, hier_gather_body);
+    for (int r = 0; r < 6; r++)
+        cr_expect_eq(o[r].u[2], 0, "3 + 2 + 1: rank %d: %llu wrong blocks or counts", r,
+                     (unsigned long long)o[r].u[2]);
     tr_release(o);
 }

@@ -8,15 +8,16 @@
  * K chunks (K set by the largest block) and pipelined. Every rank sends
  * and receives N-1 blocks: the all-gather's bandwidth optimum.
  *
- * With several hosts of equal size and more than one rank on each (not
- * under TERSE_TOPOLOGY=flat), terse__allgatherv_ring gathers
- * hierarchically instead (hier_gather): first along the rails -- every
- * rank sends its block to the ranks of its local rank on the other hosts,
- * so each block crosses to each other host once -- then inside the host,
- * where every rank hands the H blocks of its rail to each other local rank
- * (shm). A host link then carries the other hosts' blocks once, (H-1) L
- * blocks, where a ring in host order carries N - 1 at each crossing. The
- * results are copies: the same bytes either way.
+ * With several hosts and more than one rank on some (not under
+ * TERSE_TOPOLOGY=flat), of any sizes, terse__allgatherv_ring gathers
+ * hierarchically instead (hier_gather): first across hosts -- every rank
+ * sends its block to one rank on each other host, its holder there (local
+ * rank l mod L_g on a host of L_g ranks for the sender's local rank l: the
+ * rail, with hosts of equal size) -- then inside the host, where every
+ * rank hands the blocks it holds to each other local rank (shm). So each
+ * block crosses to each other host once, and a host link carries the other
+ * hosts' blocks once, where a ring in host order carries N - 1 at each
+ * crossing. The results are copies: the same bytes either way.
  *
  * Sizes go first: every rank learns every block's size (and, for
  * terse_allgather, every rank's recv_cap) before any data moves. Receives
@@ -85,48 +86,87 @@ terse_status terse__allgather_u64(terse_comm *c, uint64_t mine, uint64_t *all) {
     return terse__allgather_fixed(c, &mine, sizeof mine, all);
 }
 
-/* The requests of either phase must fit the communicator's. */
-static int hier_gather_fits(const terse_comm *c) {
-    return terse__hier_fits(c) && 2 * (c->nhosts - 1) <= TERSE__COMM_MAX_REQS &&
-           2 * (c->local_size - 1) * c->nhosts <= TERSE__COMM_MAX_REQS;
+/* Hosts of any sizes: block q (rank q, host g_q, local rank l_q) is held
+ * on its own host by q, and on each other host g by local rank l_q mod L_g
+ * (the rail when hosts are of equal size). The plan: for up to
+ * GATHER_MAX_RANKS ranks, each rank's local rank, and each host's ranks in
+ * rank order (at[start[g] + j] is host g's local rank j). */
+#define GATHER_MAX_RANKS 256
+typedef struct {
+    int lr[GATHER_MAX_RANKS], at[GATHER_MAX_RANKS];
+    int start[GATHER_MAX_RANKS + 1], size[GATHER_MAX_RANKS];
+} host_plan;
+
+static int holder_on(const terse_comm *c, const host_plan *p, int q, int g) {
+    if (c->host_of[q] == g) return q;
+    return p->at[p->start[g] + p->lr[q] % p->size[g]];
+}
+
+/* Fill the plan; whether the requests of either phase fit the
+ * communicator's on every rank (the same answer everywhere: from the host
+ * table only). */
+static int hier_gather_fits(const terse_comm *c, host_plan *p) {
+    const int N = c->nranks, H = c->nhosts;
+    if (c->params.topology == 1 || H < 2 || c->local_max < 2 || !c->host_of ||
+        N > GATHER_MAX_RANKS || H > TERSE__COMM_MAX_REQS)
+        return 0;
+    for (int g = 0; g < H; g++) p->size[g] = 0;
+    for (int r = 0; r < N; r++) p->lr[r] = p->size[c->host_of[r]]++;
+    p->start[0] = 0;
+    for (int g = 0; g < H; g++) p->start[g + 1] = p->start[g] + p->size[g];
+    for (int r = 0; r < N; r++) p->at[p->start[c->host_of[r]] + p->lr[r]] = r;
+    int held[GATHER_MAX_RANKS]; /* blocks each rank holds: its own and those it receives */
+    for (int r = 0; r < N; r++) held[r] = 1;
+    for (int q = 0; q < N; q++)
+        for (int g = 0; g < H; g++)
+            if (g != c->host_of[q]) held[holder_on(c, p, q, g)]++;
+    /* phase 1: a send to every other host, a receive per block held but its
+     * own; phase 2: every held block to every other local rank, and the
+     * host's other blocks (N - held) from them */
+    for (int r = 0; r < N; r++)
+        if ((H - 1) + (held[r] - 1) > TERSE__COMM_MAX_REQS ||
+            (p->size[c->host_of[r]] - 1) * held[r] + (N - held[r]) > TERSE__COMM_MAX_REQS)
+            return 0;
+    return 1;
 }
 
 static terse_status hier_gather(terse_comm *c, uint8_t *buf, const size_t *off,
-                                const size_t *len) {
-    const int H = c->nhosts, L = c->local_size, h = c->host_index, l = c->local_rank;
-    int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
-    terse__hier_peers(c, local, rail);
-    /* 1. along the rail: our block out, the rail's blocks in */
+                                const size_t *len, const host_plan *p) {
+    const int N = c->nranks, H = c->nhosts, h = c->host_index, me = c->rank;
+    /* 1. across hosts: our block to its holder on every other host; the
+     * blocks we hold for other hosts' ranks in */
     terse__comm_next_phase(c);
     size_t nreq = 0;
     const uint64_t tag = terse__comm_tag(c, 0);
     for (int g = 0; g < H; g++) {
-        const int q = rail[g];
-        if (g == h) continue;
-        if (len[q])
-            TERSE_CHECK(terse__comm_irecv(c, q, tag, buf + off[q], len[q], TERSE__BYTES_PAYLOAD,
-                                          &c->reqs[nreq++]));
-        if (len[c->rank])
-            TERSE_CHECK(terse__comm_isend(c, q, tag, buf + off[c->rank], len[c->rank],
-                                          TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+        if (g == h || !len[me]) continue;
+        TERSE_CHECK(terse__comm_isend(c, holder_on(c, p, me, g), tag, buf + off[me],
+                                      len[me], TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+    }
+    for (int q = 0; q < N; q++) {
+        if (q == me || c->host_of[q] == h || !len[q] || holder_on(c, p, q, h) != me)
+            continue;
+        TERSE_CHECK(terse__comm_irecv(c, q, tag, buf + off[q], len[q], TERSE__BYTES_PAYLOAD,
+                                      &c->reqs[nreq++]));
     }
     TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
-    /* 2. inside the host: the rail's H blocks to every other local rank,
-     * theirs from them; message g carries host g's block */
+    /* 2. inside the host: every block we hold to every other local rank,
+     * every block another local rank holds from it (message q carries
+     * block q) */
     terse__comm_next_phase(c);
     nreq = 0;
-    for (int j = 0; j < L; j++) {
-        if (j == l) continue;
-        for (int g = 0; g < H; g++) {
-            const int mine = g == h ? c->rank : rail[g];
-            const int theirs = terse__hier_rank_at(c, g, j);
-            const uint64_t t = terse__comm_tag(c, (uint64_t)g);
-            if (len[theirs])
-                TERSE_CHECK(terse__comm_irecv(c, local[j], t, buf + off[theirs], len[theirs],
-                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
-            if (len[mine])
-                TERSE_CHECK(terse__comm_isend(c, local[j], t, buf + off[mine], len[mine],
-                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+    for (int q = 0; q < N; q++) {
+        if (!len[q]) continue;
+        const int holder = holder_on(c, p, q, h);
+        const uint64_t t = terse__comm_tag(c, (uint64_t)q);
+        if (holder == me) {
+            for (int j = 0; j < N; j++)
+                if (j != me && c->host_of[j] == h)
+                    TERSE_CHECK(terse__comm_isend(c, j, t, buf + off[q], len[q],
+                                                  TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+        } else {
+            TERSE_CHECK(terse__comm_irecv(c, holder, t, buf + off[q], len[q],
+                                          TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
         }
     }
     return terse__comm_wait(c, c->reqs, nreq);
@@ -134,7 +174,9 @@ static terse_status hier_gather(terse_comm *c, uint8_t *buf, const size_t *off,
 
 terse_status terse__allgatherv_ring(terse_comm *c, uint8_t *buf, const size_t *off,
                                     const size_t *len) {
-    if (c->nranks > 1 && hier_gather_fits(c)) return hier_gather(c, buf, off, len);
+    host_plan *plan = terse__comm_scratch(c, TERSE__SCRATCH_PLAN, sizeof(host_plan));
+    if (!plan) return TERSE_ERR_NOMEM;
+    if (c->nranks > 1 && hier_gather_fits(c, plan)) return hier_gather(c, buf, off, len, plan);
     size_t max_block = 0;
     for (int r = 0; r < c->nranks; r++)
         if (len[r] > max_block) max_block = len[r];

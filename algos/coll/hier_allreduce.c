@@ -48,16 +48,9 @@ void terse__hier_peers(const terse_comm *c, int *local, int *rail) {
         rail[g] = g == c->host_index ? c->rank : terse__hier_rank_at(c, g, c->local_rank);
 }
 
-/* Every rank decides alike: from the job's host table, not its own host. */
-static int dense_fits(const terse_comm *c) {
-    if (c->params.topology == 1 || c->nhosts < 2 || c->local_max < 2 || !c->host_of) return 0;
-    /* a leader per host (S = 1) takes in and gives out local_max - 1 whole
-     * copies over shm: measured to pay at 2 + 1 ranks, not for large hosts
-     * (a ring in host order there) */
-    if (c->local_min == 1 && c->local_max > 4) return 0;
-    /* the requests of one round (three phases) must fit the communicator's */
-    return 4 * (c->local_max - 1) + 2 * (c->nhosts - 1) <= TERSE__COMM_MAX_REQS;
-}
+/* Every rank decides alike: from the job's host table, not its own host
+ * (comm.h, terse__comm_hier_dense_fits). */
+static int dense_fits(const terse_comm *c) { return terse__comm_hier_dense_fits(c); }
 
 int terse__hier_fits(const terse_comm *c) { return dense_fits(c) && c->uniform_hosts; }
 

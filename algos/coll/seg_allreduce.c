@@ -331,7 +331,13 @@ terse_status terse__barrier_seg(terse_comm *c) {
  * progress (the rail's messages are in flight) with the store's loss
  * notices and the abort flag; a local member that does not move for the
  * timeout is named as on one host; the rail's waits are the transport's
- * (terse__comm_wait). */
+ * (terse__comm_wait). Members of a host that pass other counts or ops fail
+ * with TERSE_ERR_SHAPE as on one host; hosts that differ as a whole are
+ * the call descriptors' to find -- under TERSE_CHECK_CALLS=off a count
+ * that differs makes the rail's messages differ in length, which the
+ * transport refuses, but an op that differs between hosts goes unnoticed
+ * (terse.h: off trades that check away, "a mismatch showing up as a
+ * timeout, a MAC failure or corrupt data"). */
 
 /* dst = sum over hosts in host order, the own host's term being dst
  * itself (an element at a time: it is read before it is written). */
@@ -357,7 +363,8 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
     const int S = c->local_min, H = c->nhosts, l = c->local_rank, h = c->host_index;
     const int owner = l < S;
     const size_t B = terse__comm_seg_step_bytes(c) / sizeof(float);
-    const size_t shard_max = B / (size_t)S + 1;
+    /* the rail's receives: a shard of a step, or of n if less */
+    const size_t shard_max = (n < B ? n : B) / (size_t)S + 1;
     int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
     terse__hier_peers(c, local, rail);
     /* two steps' rail receives, H slots of a shard each */
@@ -443,11 +450,10 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
     return rc;
 }
 
-/* Every rank alike (lseg_on is the job's, the rest its host table). */
+/* Every rank alike (lseg_on is the job's, the rest its host table; the
+ * segments exist only where terse__comm_hier_seg_fits holds). */
 int terse__hier_seg_fits(const terse_comm *c) {
-    if (!c->lseg_on) return 0;
-    /* two steps' rail requests, each 2 (H - 1), in c->reqs */
-    return 4 * (c->nhosts - 1) <= TERSE__COMM_MAX_REQS && c->nhosts <= 64;
+    return c->lseg_on && terse__comm_hier_seg_fits(c);
 }
 
 /* The barrier in a job over several hosts, with each host's segment: every

@@ -25,9 +25,10 @@
 
 /* Scratch buffers an algorithm may hold at once (grow-only, kept between
  * calls so steady-state collectives do not allocate). */
-#define TERSE__COMM_SCRATCH 6
+#define TERSE__COMM_SCRATCH 7
 #define TERSE__SCRATCH_GROUP 4 /* a group's fused dense buffers (engine.c) */
 #define TERSE__SCRATCH_STATE 5 /* a codec's state before the call (allreduce.c) */
+#define TERSE__SCRATCH_PLAN 6  /* the hierarchical all-gather's host plan (allgather.c) */
 
 /* Tags: the low 48 bits belong to us (the transport owns the high 16).
  * seq (20 bits, the collective's sequence number on this communicator)
@@ -343,6 +344,25 @@ terse_status terse__comm_poll_gone(terse_comm *c, const uint8_t **map);
 terse_status terse__comm_hosts(terse_comm *c, int timeout_ms);
 /* A single rank: host 0 of 1, local rank 0 of 1. */
 void terse__comm_hosts_single(terse_comm *c);
+
+/* Whether the hierarchical dense all-reduce can run (hier_allreduce.c),
+ * from the job's host table and agreed parameters only, so every rank
+ * answers alike; and whether it can run over each host's segment
+ * (seg_allreduce.c: two steps' rail requests in reqs). comm_segment.c makes
+ * the hosts' segments only where it can. */
+static inline int terse__comm_hier_dense_fits(const terse_comm *c) {
+    if (c->params.topology == 1 || c->nhosts < 2 || c->local_max < 2 || !c->host_of) return 0;
+    /* a leader per host (S = 1) takes in and gives out local_max - 1 whole
+     * copies over shm: measured to pay at 2 + 1 ranks, not for large hosts
+     * (a ring in host order there) */
+    if (c->local_min == 1 && c->local_max > 4) return 0;
+    /* the requests of one round (three phases) must fit the communicator's */
+    return 4 * (c->local_max - 1) + 2 * (c->nhosts - 1) <= TERSE__COMM_MAX_REQS;
+}
+static inline int terse__comm_hier_seg_fits(const terse_comm *c) {
+    return terse__comm_hier_dense_fits(c) && 4 * (c->nhosts - 1) <= TERSE__COMM_MAX_REQS &&
+           c->nhosts <= 64;
+}
 
 /* ---- the host's shared segment (comm_segment.c) ---- */
 

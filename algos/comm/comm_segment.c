@@ -28,14 +28,14 @@ static int wanted_one(const terse_comm *c) {
            strcmp(c->provider, "shm") == 0;
 }
 
-/* Several hosts, several ranks on some: a segment on each such host, for
- * the hierarchical all-reduce's intra-host phases. Decided from what every
+/* Several hosts, several ranks on some, where the hierarchical all-reduce
+ * can run over the segments: a segment on each such host, for its
+ * intra-host phases (and the barrier). Decided from what every
  * rank shares (agreed parameters, the host table), so all ranks want it
  * alike. The shm side is not authenticated unless TERSE_WIRE asks for mac
  * or seal everywhere (setup_wire in comm_join.c): then neither is this. */
 static int wanted_hosts(const terse_comm *c) {
-    return c->nhosts >= 2 && c->local_max >= 2 && c->host_of && c->params.topology != 1 &&
-           c->params.shm_segment == 0 && c->params.wire < 2;
+    return terse__comm_hier_seg_fits(c) && c->params.shm_segment == 0 && c->params.wire < 2;
 }
 
 /* The rank that makes this rank's segment: rank 0, or its host's first. */
