@@ -766,9 +766,8 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * host's shared segment (TERSE_SHM_SEGMENT) -- and so are the
  * dense sums inside codecs with rounds (powersgd) or a summable view
  * (randk). Codecs whose messages travel (fp16, bf16, int8, qsgd, sign,
- * ...) and that can be cut into local_size segments on their buckets take
- * the compressed hierarchical all-reduce under the same conditions, with
- * hosts of equal size (and
+ * ...) and that can be cut into S segments on their buckets take
+ * the compressed hierarchical all-reduce under the same conditions (and
  * TERSE_COMPRESSED_ALGO auto): an exact fp32 reduce-scatter inside each
  * host, each segment's host sum encoded once by the local rank that owns
  * it (error feedback: the codec's residual over that segment, kept by its
@@ -779,10 +778,14 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * flat paths': another summation order). Broadcast and the rings (the
  * all-gather, the message exchanges of compressed all-reduces, the dense
  * ring) run over the ranks in host order, so they cross between hosts once
- * per host wherever the launcher put the ranks; with hosts of equal size
- * the all-gather is hierarchical (along the rails, then inside each host),
- * so each block crosses to each other host once. Other codecs, barrier and
- * the parameter server run their flat algorithms over the routed pairs. terse_comm_topology gives this rank's host index, local
+ * per host wherever the launcher put the ranks; the all-gather is
+ * hierarchical (each block to one rank on each other host -- along the
+ * rails with hosts of equal size -- then inside each host), so each block
+ * crosses to each other host once. With each host's shared segment
+ * (TERSE_SHM_SEGMENT) the barrier is hierarchical too (arrivals in the
+ * segment, a dissemination barrier among the hosts' first ranks). Other
+ * codecs and the parameter server run their flat algorithms over the
+ * routed pairs. terse_comm_topology gives this rank's host index, local
  * rank, local size and the number of hosts (any pointer may be NULL; a
  * single rank is host 0 of 1, local rank 0 of 1). terse_comm_host_of gives
  * any rank's host index (-1 for a rank out of range). (Added in 0.4.) */

@@ -16,7 +16,8 @@
  *   - a rank stopped between calls fails every survivor, and a survivor
  *     that had encoded its segment has its codec's residual put back.
  * 3 hosts of 2 as well: with 2 hosts the decode order cannot show in the
- * bits (two fp32 terms commute). */
+ * bits (two fp32 terms commute); and hosts of 3 + 2 (a third rank that owns
+ * no segment). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -258,6 +259,27 @@ Test(codec_hier, three_hosts_of_two_pipelined, .timeout = 300) {
     unsetenv("TERSE_TOPOLOGY");
     unsetenv("TERSE_COMPRESSED_ALGO");
     const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 1};
+    tr_out *o = run_hier(&j);
+    check_hier(o, &j);
+    tr_release(o);
+}
+
+/* Hosts of unequal size, 3 + 2 interleaved (b a b a b): two segments, owned
+ * by local ranks 0 and 1 of each host; host b's third rank sends its copies
+ * to them and gets the result back. Whole and pipelined. */
+Test(codec_hier, hosts_of_three_and_two, .timeout = 300) {
+    unsetenv("TERSE_TOPOLOGY");
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 0};
+    tr_out *o = run_hier(&j);
+    check_hier(o, &j);
+    tr_release(o);
+}
+
+Test(codec_hier, hosts_of_three_and_two_pipelined, .timeout = 300) {
+    unsetenv("TERSE_TOPOLOGY");
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 1};
     tr_out *o = run_hier(&j);
     check_hier(o, &j);
     tr_release(o);

@@ -127,7 +127,7 @@ static terse_status choose(terse_comm *c, terse_codec *codec, run_kind *kind,
     if (terse__codec_hier_wanted(c, codec)) {
         const terse__segments *g = NULL;
         s = terse__codec_segments(codec, terse__codec_hier_parts(c, codec),
-                                  (uint32_t)c->local_rank, &g);
+                                  terse__codec_hier_cut_rank(c), &g);
         if (s == TERSE_OK && g) *kind = RUN_HIER;
     }
     if (s == TERSE_OK && *kind == RUN_GATHER && want_rs(c, codec)) {

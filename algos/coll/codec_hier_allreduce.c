@@ -1,8 +1,9 @@
 /* The compressed hierarchical all-reduce ("codec-hier", issue 28, item 3):
  * for codecs whose messages travel (fp16, bf16, int8, qsgd, terngrad, sign,
- * topk, plugins) and whose tensor can be cut into L = local_size segments
- * on the codec's buckets (terse__codec_segments with L parts), in a job of
- * H hosts of L ranks each (terse__hier_fits). Local rank l owns segment l:
+ * topk, plugins) and whose tensor can be cut into L segments on the
+ * codec's buckets (terse__codec_segments with L parts), in a job of H hosts
+ * of L ranks each (for hosts of unequal size see phase 2). Local rank l
+ * owns segment l:
  *
  *   1. hello inside the host: each rank sends its local peers an 8-byte
  *      digest of its codec spec, shape and cut; a rank whose cut differs is
@@ -10,6 +11,11 @@
  *   2. exact fp32 reduce-scatter inside the host (shm): every local rank
  *      sends segment j to local rank j, and the owner sums its segment's L
  *      copies in local-rank order;
+ *      (hosts of unequal size: the tensor is cut into S segments, S the
+ *      fewest ranks a host holds, owned by local ranks 0 .. S - 1 of every
+ *      host; a host's other ranks send their copies to the owners and get
+ *      the result back in phase 5, and own no residual -- as dense-hier's
+ *      shards)
  *   3. the owner encodes its host's sum of segment l with the call's codec
  *      (error feedback: the codec's residual over segment l -- this rank's
  *      across calls, since it always owns segment l; the rest of the
@@ -53,12 +59,12 @@
 
 int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec) {
     if (c->params.compressed_algo != 0) return 0; /* gather or rs asked for: flat */
-    if (!terse__hier_wanted(c, terse_codec_elements(codec)) || !terse__hier_fits(c)) return 0;
-    return terse__codec_can_cut(codec, (uint32_t)c->local_size);
+    if (!terse__hier_wanted(c, terse_codec_elements(codec))) return 0;
+    return terse__codec_can_cut(codec, (uint32_t)c->local_min);
 }
 
 uint32_t terse__codec_hier_parts(const terse_comm *c, const terse_codec *codec) {
-    const size_t L = (size_t)c->local_size, n = terse_codec_elements(codec);
+    const size_t L = (size_t)c->local_min, n = terse_codec_elements(codec);
     if (!terse__codec_fixed_size(codec)) return (uint32_t)L; /* lengths travel: one chunk */
     /* chunks whose shards hold two ring chunks of fp32, as dense-hier's */
     const size_t per_shard = 2 * terse__ring_chunk_bytes(c) / sizeof(float);
@@ -74,16 +80,18 @@ static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, ter
 terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                          terse_op op) {
     (void)n; /* the codec is bound to n elements (terse_allreduce checked) */
-    const int L = c->local_size, H = c->nhosts, l = c->local_rank, h = c->host_index;
+    const int L = c->local_size, S = c->local_min, H = c->nhosts, l = c->local_rank,
+              h = c->host_index;
+    const int owner = l < S;
     const terse__segments *g = NULL;
     const uint32_t parts = terse__codec_hier_parts(c, codec);
-    TERSE_CHECK(terse__codec_segments(codec, parts, (uint32_t)l, &g));
+    TERSE_CHECK(terse__codec_segments(codec, parts, terse__codec_hier_cut_rank(c), &g));
     if (!g)
         return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: codec '%s' has no %u segments", c->rank,
                            terse_codec_spec(codec), parts);
-    if (parts > (uint32_t)L) return pipelined(c, buf, codec, op, g);
+    if (parts > (uint32_t)S) return pipelined(c, buf, codec, op, g);
     size_t max_len = 0;
-    for (int j = 0; j < L; j++)
+    for (int j = 0; j < S; j++)
         if (g->len[j] > max_len) max_len = g->len[j];
     const size_t stride = (max_len + 15) & ~(size_t)15;
     const size_t slot = (g->max_bound + 63) & ~(size_t)63;
@@ -98,8 +106,9 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
     int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
     terse__hier_peers(c, local, rail);
     const uint64_t digest = terse__codec_cut_digest(codec);
-    const size_t moff = g->off[l], mlen = g->len[l];
-    float *mine = buf + moff;
+    /* an owner's segment (a rank beyond the S-th of its host owns none) */
+    const size_t mlen = owner ? g->len[l] : 0;
+    float *mine = buf + (owner ? g->off[l] : 0);
 
     /* 1. hello inside the host */
     terse__comm_next_phase(c);
@@ -122,19 +131,29 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
                                c->rank, local[j], L, terse_codec_spec(codec));
 
     /* 2. reduce-scatter inside the host: our segment's L copies, summed in
-     * local-rank order into buf */
+     * local-rank order into buf; every local rank sends segment j to its
+     * owner, local rank j < S */
     terse__comm_next_phase(c);
     nreq = 0;
     for (int j = 0; j < L; j++) {
         if (j == l) continue;
-        TERSE_CHECK(terse__comm_irecv(c, local[j], terse__comm_tag(c, 0),
-                                      tmp + (size_t)j * stride, mlen * sizeof(float),
-                                      TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
-        TERSE_CHECK(terse__comm_isend(c, local[j], terse__comm_tag(c, 0), buf + g->off[j],
-                                      g->len[j] * sizeof(float), TERSE__BYTES_PAYLOAD,
-                                      &c->reqs[nreq++]));
+        if (owner)
+            TERSE_CHECK(terse__comm_irecv(c, local[j], terse__comm_tag(c, 0),
+                                          tmp + (size_t)j * stride, mlen * sizeof(float),
+                                          TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+        if (j < S)
+            TERSE_CHECK(terse__comm_isend(c, local[j], terse__comm_tag(c, 0), buf + g->off[j],
+                                          g->len[j] * sizeof(float), TERSE__BYTES_PAYLOAD,
+                                          &c->reqs[nreq++]));
     }
     TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
+    if (!owner) {
+        /* the owners' phases 3 and 4 (two phases: every rank numbers them
+         * alike), then their segments come back in phase 5 */
+        terse__comm_next_phase(c);
+        terse__comm_next_phase(c);
+        goto gather;
+    }
     uint64_t t0 = terse__now_ns();
     memcpy(tmp + (size_t)l * stride, mine, mlen * sizeof(float));
     memcpy(mine, tmp, mlen * sizeof(float));
@@ -203,17 +222,20 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
     }
     terse__comm_codec_time(c, t0);
 
-    /* 5. all-gather inside the host */
+    /* 5. all-gather inside the host: the owners' final segments */
+gather:
     terse__comm_next_phase(c);
     nreq = 0;
     for (int j = 0; j < L; j++) {
         if (j == l) continue;
-        TERSE_CHECK(terse__comm_irecv(c, local[j], terse__comm_tag(c, 0), buf + g->off[j],
-                                      g->len[j] * sizeof(float), TERSE__BYTES_PAYLOAD,
-                                      &c->reqs[nreq++]));
-        TERSE_CHECK(terse__comm_isend(c, local[j], terse__comm_tag(c, 0), mine,
-                                      mlen * sizeof(float), TERSE__BYTES_PAYLOAD,
-                                      &c->reqs[nreq++]));
+        if (j < S)
+            TERSE_CHECK(terse__comm_irecv(c, local[j], terse__comm_tag(c, 0), buf + g->off[j],
+                                          g->len[j] * sizeof(float), TERSE__BYTES_PAYLOAD,
+                                          &c->reqs[nreq++]));
+        if (owner)
+            TERSE_CHECK(terse__comm_isend(c, local[j], terse__comm_tag(c, 0), mine,
+                                          mlen * sizeof(float), TERSE__BYTES_PAYLOAD,
+                                          &c->reqs[nreq++]));
     }
     TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
     terse__codec_segments_done(codec);
@@ -221,7 +243,8 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
 }
 
 /* The pipelined variant, for fixed-size codecs (no lengths travel) cut into
- * T > 1 chunks of L segments (segment t L + j: chunk t, owner j). At step
+ * T > 1 chunks of S segments (segment t S + j: chunk t, owner j; S = L
+ * with hosts of equal size). At step
  * t the requests of the reduce-scatter of chunk t, the rail exchange of
  * chunk t - 1 (encoded at the end of step t - 1) and the all-gather of
  * chunk t - 2 (decoded at the end of step t - 1) are posted together and
@@ -230,8 +253,10 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
  * whole variant, so every rank still ends with the same bits. */
 static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, terse_op op,
                               const terse__segments *g) {
-    const int L = c->local_size, H = c->nhosts, l = c->local_rank, h = c->host_index;
-    const size_t T = g->nranks / (size_t)L;
+    const int L = c->local_size, S = c->local_min, H = c->nhosts, l = c->local_rank,
+              h = c->host_index;
+    const int owner = l < S; /* of segments t S + l */
+    const size_t T = g->nranks / (size_t)S;
     size_t max_len = 0;
     for (uint32_t j = 0; j < g->nranks; j++)
         if (g->len[j] > max_len) max_len = g->len[j];
@@ -249,7 +274,7 @@ static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, ter
     terse__hier_peers(c, local, rail);
     const uint64_t digest = terse__codec_cut_digest(codec);
     const float alpha = op == TERSE_OP_AVG ? 1.0f / (float)c->nranks : 1.0f;
-#define SEG(t, j) ((size_t)(t) * (size_t)L + (size_t)(j))
+#define SEG(t, j) ((size_t)(t) * (size_t)S + (size_t)(j))
 #define MSG(t, q) (msg + ((size_t)((t) % 2) * (size_t)H + (size_t)(q)) * slot)
 
     /* hello: the digest to the local peers and the rail (no lengths later) */
@@ -265,7 +290,7 @@ static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, ter
         TERSE_CHECK(terse__comm_isend(c, local[j], terse__comm_tag(c, 0), &lh[l],
                                       sizeof(uint64_t), TERSE__BYTES_FRAMING, &c->reqs[nreq++]));
     }
-    for (int q = 0; q < H; q++) {
+    for (int q = 0; q < H && owner; q++) {
         if (q == h) continue;
         TERSE_CHECK(terse__comm_irecv(c, rail[q], terse__comm_tag(c, 1), &rh[q],
                                       sizeof(uint64_t), TERSE__BYTES_FRAMING, &c->reqs[nreq++]));
@@ -273,7 +298,7 @@ static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, ter
                                       sizeof(uint64_t), TERSE__BYTES_FRAMING, &c->reqs[nreq++]));
     }
     TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
-    for (int k = 0; k < L + H; k++)
+    for (int k = 0; k < (owner ? L + H : L); k++)
         if (hello[k] != digest)
             return TERSE_ERROR(TERSE_ERR_CORRUPT,
                                "rank %d: rank %d's codec or its cut into %u segments differs "
@@ -285,22 +310,24 @@ static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, ter
     for (size_t t = 0; t < T + 2; t++) {
         terse__comm_next_phase(c);
         nreq = 0;
-        /* 1. reduce-scatter of chunk t */
+        /* 1. reduce-scatter of chunk t: segment t S + j to local rank j < S */
         if (t < T) {
             const uint64_t tag = terse__comm_tag(c, 0);
-            const size_t mlen = g->len[SEG(t, l)];
+            const size_t mlen = owner ? g->len[SEG(t, l)] : 0;
             for (int j = 0; j < L; j++) {
                 if (j == l) continue;
-                TERSE_CHECK(terse__comm_irecv(c, local[j], tag, tmp + (size_t)j * stride,
-                                              mlen * sizeof(float), TERSE__BYTES_PAYLOAD,
-                                              &c->reqs[nreq++]));
-                TERSE_CHECK(terse__comm_isend(c, local[j], tag, buf + g->off[SEG(t, j)],
-                                              g->len[SEG(t, j)] * sizeof(float),
-                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+                if (owner)
+                    TERSE_CHECK(terse__comm_irecv(c, local[j], tag, tmp + (size_t)j * stride,
+                                                  mlen * sizeof(float), TERSE__BYTES_PAYLOAD,
+                                                  &c->reqs[nreq++]));
+                if (j < S)
+                    TERSE_CHECK(terse__comm_isend(c, local[j], tag, buf + g->off[SEG(t, j)],
+                                                  g->len[SEG(t, j)] * sizeof(float),
+                                                  TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
             }
         }
         /* 2. the rail exchange of chunk t - 1 (fixed sizes: the child's bound) */
-        if (t >= 1 && t - 1 < T) {
+        if (owner && t >= 1 && t - 1 < T) {
             const uint64_t tag = terse__comm_tag(c, 1);
             const size_t mb = terse_codec_bound(g->child[SEG(t - 1, l)]);
             for (int q = 0; q < H; q++) {
@@ -311,24 +338,26 @@ static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, ter
                                               TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
             }
         }
-        /* 3. the all-gather of chunk t - 2 */
+        /* 3. the all-gather of chunk t - 2: the owners' segments */
         if (t >= 2) {
             const uint64_t tag = terse__comm_tag(c, 2);
             for (int j = 0; j < L; j++) {
                 if (j == l) continue;
-                TERSE_CHECK(terse__comm_irecv(c, local[j], tag, buf + g->off[SEG(t - 2, j)],
-                                              g->len[SEG(t - 2, j)] * sizeof(float),
-                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
-                TERSE_CHECK(terse__comm_isend(c, local[j], tag, buf + g->off[SEG(t - 2, l)],
-                                              g->len[SEG(t - 2, l)] * sizeof(float),
-                                              TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+                if (j < S)
+                    TERSE_CHECK(terse__comm_irecv(c, local[j], tag, buf + g->off[SEG(t - 2, j)],
+                                                  g->len[SEG(t - 2, j)] * sizeof(float),
+                                                  TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
+                if (owner)
+                    TERSE_CHECK(terse__comm_isend(c, local[j], tag, buf + g->off[SEG(t - 2, l)],
+                                                  g->len[SEG(t - 2, l)] * sizeof(float),
+                                                  TERSE__BYTES_PAYLOAD, &c->reqs[nreq++]));
             }
         }
         TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
         uint64_t t0 = terse__now_ns();
         terse_status s = TERSE_OK;
         /* chunk t: sum in local-rank order, encode */
-        if (t < T) {
+        if (owner && t < T) {
             const size_t sg = SEG(t, l), mlen = g->len[sg];
             float *mine = buf + g->off[sg];
             memcpy(tmp + (size_t)l * stride, mine, mlen * sizeof(float));
@@ -342,7 +371,7 @@ static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, ter
                                              terse_codec_bound(g->child[sg]));
         }
         /* chunk t - 1: decode in host order */
-        if (s == TERSE_OK && t >= 1 && t - 1 < T) {
+        if (owner && s == TERSE_OK && t >= 1 && t - 1 < T) {
             const size_t sg = SEG(t - 1, l);
             const size_t mb = terse_codec_bound(g->child[sg]);
             for (int q = 0; q < H && s == TERSE_OK; q++) {

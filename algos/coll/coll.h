@@ -74,6 +74,11 @@ int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec);
  * chunks for a fixed-size codec whose shards would exceed two ring chunks
  * (pipelined). */
 uint32_t terse__codec_hier_parts(const terse_comm *c, const terse_codec *codec);
+/* The rank this rank passes for the cut: its local rank if it owns segments
+ * (local rank < S, the fewest ranks a host holds), else 0 (it owns none). */
+static inline uint32_t terse__codec_hier_cut_rank(const terse_comm *c) {
+    return (uint32_t)(c->local_rank < c->local_min ? c->local_rank : 0);
+}
 terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, terse_codec *codec,
                                          terse_op op);
 
