@@ -554,7 +554,20 @@ Test(ps, a_killed_head_is_replaced_by_its_replica_with_the_same_bits_shm) { fail
  * for slot 0. The workers move back, and the result is bit for bit the run
  * nobody died in. Then the replacement itself is killed... no: it serves
  * to the end, closes steps and replicates them to server 0. */
-static void replacement(const char *prov) {
+/* For the job over hosts: each process's TERSE_HOST (index nranks: the
+ * replacement), set before its init. */
+static const char *const *ps_hosts;
+static void set_ps_host(int r, const void *arg) {
+    (void)arg;
+    setenv("TERSE_HOST", ps_hosts[r], 1);
+}
+
+static void replacement_on(const char *prov, const char *const *hosts);
+static void replacement(const char *prov) { replacement_on(prov, NULL); }
+
+static void replacement_on(const char *prov, const char *const *hosts) {
+    ps_hosts = hosts;
+    tr_before_init = hosts ? set_ps_host : NULL;
     fail_job ref = {2, 0, 0, NULL, 12000, 0, 0, 0, 0};
     tr_job job = {prov, 5, 20000, 90, -1};
     tr_out *r = tr_run(&job, failover_body, &ref);
@@ -765,6 +778,19 @@ Test(ps, a_killed_heads_replacement_takes_its_slots_back_with_the_same_bits_tcp)
 }
 Test(ps, a_killed_heads_replacement_takes_its_slots_back_with_the_same_bits_shm) {
     replacement("shm");
+}
+/* Over two hosts (shm inside, tcp between): server 1, on host b with
+ * worker 3, dies; its replacement starts on host b again, or on a third
+ * host c (the others reach it through the network either way). */
+Test(ps, a_replacement_on_the_dead_ranks_host_takes_its_slots_back_over_hosts) {
+    static const char *const hosts[] = {"a", "b", "a", "b", "a", "b"};
+    replacement_on("tcp", hosts);
+    tr_before_init = NULL;
+}
+Test(ps, a_replacement_on_another_host_takes_its_slots_back_over_hosts) {
+    static const char *const hosts[] = {"a", "b", "a", "b", "a", "c"};
+    replacement_on("tcp", hosts);
+    tr_before_init = NULL;
 }
 
 /* Steps that close on a short deadline while the workers are away (empty
