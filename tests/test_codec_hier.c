@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "algos/coll/coll.h"
+#include "compress/aggregate.h"
 #include "ranks.h"
 #include "testutil.h"
 
@@ -40,9 +41,12 @@ typedef struct {
     int n;
     const char *host[8];
     int pipelined; /* fixed-size codecs must be cut into chunks (TERSE_RING_CHUNK_BYTES small) */
+    /* over each host's shared segment (fixed-size codecs: codec-hier-seg;
+     * TERSE_SEGMENT_STEP_BYTES small when pipelined); 0: TERSE_SHM_SEGMENT=off */
+    int seg;
 } hjob;
 
-static const hjob two_by_two = {"codec-hier", NR, {"a", "a", "b", "b"}, 0};
+static const hjob two_by_two = {"codec-hier", NR, {"a", "a", "b", "b"}, 0, 0};
 
 static void set_host(int rank, const void *arg) {
     const hjob *j = arg;
@@ -100,6 +104,7 @@ static int hier_body(terse_comm *c, tr_out *o, const void *arg) {
         rnorm += tu_norm2(x, NE);
     }
     const int hier = strcmp(want_algo, "codec-hier") == 0;
+    char want_k[32];
     double snorm = 0;
     for (size_t i = 0; i < NE; i++) snorm += sum[i] * sum[i];
     snorm = sqrt(snorm);
@@ -108,8 +113,11 @@ static int hier_body(terse_comm *c, tr_out *o, const void *arg) {
         terse_codec *codec = NULL;
         TR_CALL(o, terse_codec_create(cases[k].spec, ROWS, COLS, &codec));
         const char *algo = terse_allreduce_algorithm(c, codec, NE);
-        o->u[k] = hier ? strcmp(algo, "codec-hier") == 0
-                       : strcmp(algo, "codec-hier") != 0 && strncmp(algo, "dense", 5) != 0;
+        /* over the segments: the fixed-size codecs (topk's lengths travel) */
+        snprintf(want_k, sizeof want_k, "%s%s", want_algo,
+                 hier && j->seg && terse__codec_fixed_size(codec) ? "-seg" : "");
+        o->u[k] = hier ? strcmp(algo, want_k) == 0
+                       : strncmp(algo, "codec-hier", 10) != 0 && strncmp(algo, "dense", 5) != 0;
         o->u[8 + k] = hier ? terse__codec_hier_parts(c, codec) : 0; /* segments cut */
         if (!o->u[k]) snprintf(o->err, sizeof o->err, "%s: %s", cases[k].spec, algo);
         rank_input(r, y);
@@ -168,8 +176,12 @@ static tr_out *run_hier(const hjob *j) {
     tr_before_init = set_host;
     tr_job job = {"tcp", j->n, 20000, 120, -1};
     if (j->pipelined) setenv("TERSE_RING_CHUNK_BYTES", "16384", 1); /* 8 Ki floats a shard */
+    if (j->pipelined && j->seg) setenv("TERSE_SEGMENT_STEP_BYTES", "65536", 1); /* 8 Ki a chunk */
+    setenv("TERSE_SHM_SEGMENT", j->seg ? "auto" : "off", 1);
     tr_out *o = tr_run(&job, hier_body, j);
     unsetenv("TERSE_RING_CHUNK_BYTES");
+    unsetenv("TERSE_SEGMENT_STEP_BYTES");
+    unsetenv("TERSE_SHM_SEGMENT");
     return o;
 }
 
@@ -237,7 +249,7 @@ Test(codec_hier, topology_flat_keeps_the_flat_path, .timeout = 300) {
 Test(codec_hier, three_hosts_of_two_interleaved, .timeout = 300) {
     unsetenv("TERSE_TOPOLOGY");
     unsetenv("TERSE_COMPRESSED_ALGO");
-    const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 0};
+    const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 0, 0};
     tr_out *o = run_hier(&j);
     check_hier(o, &j);
     tr_release(o);
@@ -258,7 +270,7 @@ Test(codec_hier, two_hosts_of_two_pipelined, .timeout = 300) {
 Test(codec_hier, three_hosts_of_two_pipelined, .timeout = 300) {
     unsetenv("TERSE_TOPOLOGY");
     unsetenv("TERSE_COMPRESSED_ALGO");
-    const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 1};
+    const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 1, 0};
     tr_out *o = run_hier(&j);
     check_hier(o, &j);
     tr_release(o);
@@ -270,7 +282,7 @@ Test(codec_hier, three_hosts_of_two_pipelined, .timeout = 300) {
 Test(codec_hier, hosts_of_three_and_two, .timeout = 300) {
     unsetenv("TERSE_TOPOLOGY");
     unsetenv("TERSE_COMPRESSED_ALGO");
-    const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 0};
+    const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 0, 0};
     tr_out *o = run_hier(&j);
     check_hier(o, &j);
     tr_release(o);
@@ -279,7 +291,38 @@ Test(codec_hier, hosts_of_three_and_two, .timeout = 300) {
 Test(codec_hier, hosts_of_three_and_two_pipelined, .timeout = 300) {
     unsetenv("TERSE_TOPOLOGY");
     unsetenv("TERSE_COMPRESSED_ALGO");
-    const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 1};
+    const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 1, 0};
+    tr_out *o = run_hier(&j);
+    check_hier(o, &j);
+    tr_release(o);
+}
+
+/* Over each host's shared segment (codec-hier-seg for the fixed-size
+ * codecs; topk stays on codec-hier): 2 x 2 in one chunk, 3 hosts of 2 and
+ * 3 + 2 in chunks of 8 Ki floats (TERSE_SEGMENT_STEP_BYTES=64K). */
+Test(codec_hier, two_hosts_of_two_over_the_segments, .timeout = 300) {
+    unsetenv("TERSE_TOPOLOGY");
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    hjob j = two_by_two;
+    j.seg = 1;
+    tr_out *o = run_hier(&j);
+    check_hier(o, &j);
+    tr_release(o);
+}
+
+Test(codec_hier, three_hosts_of_two_over_the_segments_in_chunks, .timeout = 300) {
+    unsetenv("TERSE_TOPOLOGY");
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 1, 1};
+    tr_out *o = run_hier(&j);
+    check_hier(o, &j);
+    tr_release(o);
+}
+
+Test(codec_hier, hosts_of_three_and_two_over_the_segments_in_chunks, .timeout = 300) {
+    unsetenv("TERSE_TOPOLOGY");
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 1, 1};
     tr_out *o = run_hier(&j);
     check_hier(o, &j);
     tr_release(o);
@@ -294,7 +337,7 @@ static int mismatch_body(terse_comm *c, tr_out *o, const void *arg) {
     terse_codec *codec = NULL;
     TR_CALL(o, terse_codec_create("int8:ef=1", ROWS, cols, &codec));
     float *y = calloc(n, sizeof(float));
-    o->u[1] = strcmp(terse_allreduce_algorithm(c, codec, n), "codec-hier") == 0;
+    o->u[1] = strncmp(terse_allreduce_algorithm(c, codec, n), "codec-hier", 10) == 0;
     /* every rank past init: a rank that fails fast and leaves must not
      * fail another's init */
     tr_say_ready(o);
@@ -367,9 +410,11 @@ Test(codec_hier, a_killed_rank_fails_every_survivor_with_its_codec_as_before) {
     /* one chunk (the whole variant): pipelined, the hello crosses the rail
      * first, and rank 1 would fail waiting for rank 3's before encoding */
     setenv("TERSE_RING_CHUNK_BYTES", "16777216", 1);
+    setenv("TERSE_SHM_SEGMENT", "off", 1); /* codec-hier over shm (in one chunk) */
     tr_out *o = tr_run(&job, kill_body, &two_by_two);
     unsetenv("TERSE_CHECK_CALLS");
     unsetenv("TERSE_RING_CHUNK_BYTES");
+    unsetenv("TERSE_SHM_SEGMENT");
     tr_known_segv = NULL;
     for (int r = 0; r < NR - 1; r++) {
         if (!o[r].finished) continue; /* the known crash: tr_run warned */

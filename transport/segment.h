@@ -44,7 +44,8 @@ typedef struct terse__seg_flags {
      * op, so that ranks whose calls differ fail instead of mixing data
      * (TERSE_CHECK_CALLS=off sends no call descriptors) */
     _Atomic uint64_t call_n, call_op;
-    char pad0[40];
+    _Atomic uint64_t call_codec; /* the codec's cut digest (0: dense) */
+    char pad0[32];
     _Atomic uint64_t out;  /* the last step whose share of the sum it wrote */
     char pad1[56];
     _Atomic uint64_t done; /* the last step whose output it copied out */

@@ -182,7 +182,8 @@ const char *terse_allreduce_algorithm(const terse_comm *c, const terse_codec *co
     default: break;
     }
     if (c->nranks == 1) return "gather";
-    if (terse__codec_hier_wanted(c, codec)) return "codec-hier";
+    if (terse__codec_hier_wanted(c, codec))
+        return terse__codec_hier_seg_ok(c, codec) ? "codec-hier-seg" : "codec-hier";
     if (want_rs(c, codec) && terse__codec_can_cut(codec, (uint32_t)c->nranks)) return "rs";
     if (pipe_fits(c, codec) &&
         terse__codec_piece_count(codec, c->params.pipeline_bytes / sizeof(float)) > 1)

@@ -63,12 +63,25 @@ int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec) {
     return terse__codec_can_cut(codec, (uint32_t)c->local_min);
 }
 
+int terse__codec_hier_seg_ok(const terse_comm *c, const terse_codec *codec) {
+    return terse__hier_seg_fits(c) && terse__codec_fixed_size(codec);
+}
+
 uint32_t terse__codec_hier_parts(const terse_comm *c, const terse_codec *codec) {
     const size_t L = (size_t)c->local_min, n = terse_codec_elements(codec);
     if (!terse__codec_fixed_size(codec)) return (uint32_t)L; /* lengths travel: one chunk */
-    /* chunks whose shards hold two ring chunks of fp32, as dense-hier's */
-    const size_t per_shard = 2 * terse__ring_chunk_bytes(c) / sizeof(float);
-    size_t T = (n + L * per_shard - 1) / (L * per_shard);
+    size_t T;
+    if (terse__codec_hier_seg_ok(c, codec)) {
+        /* over the segments: chunks of at most half a segment step, so
+         * that the cut's bucket alignment keeps each within a step
+         * (terse__codec_hier_seg_fits checks) */
+        const size_t half = terse__comm_seg_step_bytes(c) / sizeof(float) / 2;
+        T = (n + half - 1) / half;
+    } else {
+        /* chunks whose shards hold two ring chunks of fp32, as dense-hier's */
+        const size_t per_shard = 2 * terse__ring_chunk_bytes(c) / sizeof(float);
+        T = (n + L * per_shard - 1) / (L * per_shard);
+    }
     if (T > 4096) T = 4096;
     while (T > 1 && !terse__codec_can_cut(codec, (uint32_t)(L * T))) T--;
     return (uint32_t)(L * (T ? T : 1));
@@ -89,6 +102,8 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
     if (!g)
         return TERSE_ERROR(TERSE_ERR_INTERNAL, "rank %d: codec '%s' has no %u segments", c->rank,
                            terse_codec_spec(codec), parts);
+    if (terse__codec_hier_seg_ok(c, codec) && terse__codec_hier_seg_fits(c, g))
+        return terse__allreduce_codec_hier_seg(c, buf, codec, op, g);
     if (parts > (uint32_t)S) return pipelined(c, buf, codec, op, g);
     size_t max_len = 0;
     for (int j = 0; j < S; j++)

@@ -74,6 +74,15 @@ int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec);
  * chunks for a fixed-size codec whose shards would exceed two ring chunks
  * (pipelined). */
 uint32_t terse__codec_hier_parts(const terse_comm *c, const terse_codec *codec);
+/* Over each host's segment (seg_allreduce.c), for fixed-size codecs with
+ * c->lseg_on: terse__codec_hier_seg_ok says whether a codec takes it
+ * (every rank alike), terse__codec_hier_seg_fits whether the prepared cut
+ * fits (every chunk of S segments within a segment step). */
+struct terse__segments;
+int terse__codec_hier_seg_ok(const terse_comm *c, const terse_codec *codec);
+int terse__codec_hier_seg_fits(const terse_comm *c, const struct terse__segments *g);
+terse_status terse__allreduce_codec_hier_seg(terse_comm *c, float *buf, terse_codec *codec,
+                                             terse_op op, const struct terse__segments *g);
 /* The rank this rank passes for the cut: its local rank if it owns segments
  * (local rank < S, the fewest ranks a host holds), else 0 (it owns none). */
 static inline uint32_t terse__codec_hier_cut_rank(const terse_comm *c) {

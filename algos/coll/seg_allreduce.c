@@ -203,7 +203,22 @@ static terse_status wait_all(seg_wait *w, int which, uint64_t want) {
  * element count and op), else TERSE_ERR_SHAPE naming the first that does
  * not -- with TERSE_CHECK_CALLS=off nothing else would notice, and ranks
  * with other counts would run other numbers of steps and mix their data. */
+static terse_status same_call_codec(const seg_wait *w, uint64_t n, uint64_t op, uint64_t codec);
 static terse_status same_call(const seg_wait *w, uint64_t n, uint64_t op) {
+    return same_call_codec(w, n, op, 0);
+}
+
+/* Publish this member's call (before its input's release). */
+static void publish_call(terse__seg_flags *mine, uint64_t n, uint64_t op, uint64_t codec) {
+    atomic_store_explicit(&mine->call_n, n, memory_order_relaxed);
+    atomic_store_explicit(&mine->call_op, op, memory_order_relaxed);
+    atomic_store_explicit(&mine->call_codec, codec, memory_order_relaxed);
+}
+
+/* The same with a codec (its cut digest: the spec, element count and cut;
+ * 0 for none): TERSE_ERR_CODEC_MISMATCH naming the first member whose
+ * codec or cut differs. */
+static terse_status same_call_codec(const seg_wait *w, uint64_t n, uint64_t op, uint64_t codec) {
     terse_comm *c = w->c;
     terse__seg *g = w->g;
     const int L = terse__seg_members(g);
@@ -211,6 +226,15 @@ static terse_status same_call(const seg_wait *w, uint64_t n, uint64_t op) {
         terse__seg_flags *f = terse__seg_flags_of(g, q);
         uint64_t qn = atomic_load_explicit(&f->call_n, memory_order_relaxed);
         uint64_t qop = atomic_load_explicit(&f->call_op, memory_order_relaxed);
+        uint64_t qc = atomic_load_explicit(&f->call_codec, memory_order_relaxed);
+        if (qn == n && qop == op && qc != codec) {
+            c->desc_failed = c->desc_on;
+            return TERSE_ERROR(TERSE_ERR_CODEC_MISMATCH,
+                               "rank %d: rank %d's codec or its cut differs from this rank's "
+                               "in the shared segment's compressed all-reduce (do all ranks "
+                               "use the same spec and shape?)",
+                               c->rank, rank_of(w, q));
+        }
         if (qn != n || qop != op) {
             /* a mismatch found here, as by the call descriptors: told to
              * the other ranks through the store (comm_desc.c), so that
@@ -261,8 +285,7 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
         if (st == TERSE_OK && s > 2) st = wait_all(&w, FLAG_DONE, s - 2);
         if (st != TERSE_OK) break;
         memcpy(terse__seg_in(g, p, me), buf + off, m * sizeof(float));
-        atomic_store_explicit(&mine->call_n, (uint64_t)n, memory_order_relaxed);
-        atomic_store_explicit(&mine->call_op, (uint64_t)divide, memory_order_relaxed);
+        publish_call(mine, (uint64_t)n, (uint64_t)divide, 0);
         flag_store(mine, FLAG_IN, s);
         st = wait_all(&w, FLAG_IN, s);
         if (st == TERSE_OK) st = same_call(&w, (uint64_t)n, (uint64_t)divide);
@@ -388,8 +411,7 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
             if (rc != TERSE_OK) break;
             if (g) {
                 memcpy(terse__seg_in(g, p, l), buf + x->off, x->m * sizeof(float));
-                atomic_store_explicit(&mine->call_n, (uint64_t)n, memory_order_relaxed);
-                atomic_store_explicit(&mine->call_op, (uint64_t)divide, memory_order_relaxed);
+                publish_call(mine, (uint64_t)n, (uint64_t)divide, 0);
                 flag_store(mine, FLAG_IN, x->s);
                 rc = wait_all(&w, FLAG_IN, x->s);
                 if (rc == TERSE_OK) rc = same_call(&w, (uint64_t)n, (uint64_t)divide);
@@ -488,3 +510,181 @@ terse_status terse__barrier_hier_seg(terse_comm *c) {
     if (g) flag_store(terse__seg_flags_of(g, 0), FLAG_REL, k);
     return TERSE_OK;
 }
+
+/* ---- the compressed hierarchical all-reduce over each host's segment ----
+ *
+ * codec-hier (codec_hier_allreduce.c: the plan, the error bound, the error
+ * feedback per segment on its owner) for fixed-size codecs with each
+ * host's segment: the tensor is cut into T chunks of S segments, each
+ * chunk no larger than a segment step (terse__codec_hier_parts), and chunk
+ * t is a step of the segment:
+ *   1. every local rank copies chunk t into its input block (with its
+ *      count, op and the codec's cut digest: a member whose codec or cut
+ *      differs fails the step with TERSE_ERR_CODEC_MISMATCH);
+ *   2. the owner of segment t S + l sums it over the input blocks in
+ *      local-rank order into the output block, encodes that host sum
+ *      (through its residual) and exchanges the message with its rail;
+ *   3. one step later it decodes the H messages in host order into the
+ *      output block, and every local rank copies the chunk out.
+ * The same arithmetic per segment as codec-hier, on another cut (chunks of
+ * half a segment step, not of two ring chunks a shard): every rank ends
+ * with the same bits. */
+#include "compress/aggregate.h"
+
+#define CSEG(t, j) ((size_t)(t) * (size_t)S + (size_t)(j))
+
+/* Chunk t's span of the buffer. */
+static void chunk_span(const terse__segments *g, int S, size_t t, size_t *off, size_t *len) {
+    *off = g->off[CSEG(t, 0)];
+    *len = g->off[CSEG(t, S - 1)] + g->len[CSEG(t, S - 1)] - *off;
+}
+
+typedef struct {
+    uint64_t s;
+    size_t off, len; /* the chunk's span */
+    float *hs;       /* this owner's segment: its host sum, then the result */
+    size_t req0, nreq;
+} codec_step;
+
+int terse__codec_hier_seg_fits(const terse_comm *c, const terse__segments *g) {
+    const int S = c->local_min;
+    if (!g || g->nranks % (uint32_t)S) return 0;
+    const size_t B = terse__comm_seg_step_bytes(c) / sizeof(float), T = g->nranks / (size_t)S;
+    for (size_t t = 0; t < T; t++) {
+        size_t off, len;
+        chunk_span(g, S, t, &off, &len);
+        if (len > B) return 0;
+    }
+    return 1;
+}
+
+terse_status terse__allreduce_codec_hier_seg(terse_comm *c, float *buf, terse_codec *codec,
+                                             terse_op op, const terse__segments *g) {
+    terse__seg *sg = c->lseg; /* NULL on a host of one rank */
+    const int S = c->local_min, H = c->nhosts, l = c->local_rank, h = c->host_index;
+    const int owner = l < S;
+    const size_t T = g->nranks / (size_t)S;
+    const size_t slot = (g->max_bound + 63) & ~(size_t)63;
+    if (slot > SIZE_MAX / (2 * (size_t)H))
+        return TERSE_ERROR(TERSE_ERR_NOMEM, "rank %d: scratch for %d messages overflows",
+                           c->rank, H);
+    /* chunk t's H messages at msg + (t % 2) H slot; the rail's digests */
+    uint8_t *msg = terse__comm_scratch(c, 0, 2 * (size_t)H * slot);
+    uint64_t *rh = terse__comm_scratch(c, 2, (size_t)H * sizeof(uint64_t));
+    if (!msg || !rh) return TERSE_ERR_NOMEM;
+#define CMSG(t, q) (msg + ((size_t)((t) % 2) * (size_t)H + (size_t)(q)) * slot)
+    int local[TERSE__COMM_MAX_REQS] = {0}, rail[TERSE__COMM_MAX_REQS] = {0};
+    terse__hier_peers(c, local, rail);
+    const uint64_t digest = terse__codec_cut_digest(codec);
+    const float alpha = op == TERSE_OP_AVG ? 1.0f / (float)c->nranks : 1.0f;
+    const uint64_t n = terse_codec_elements(codec), opv = op == TERSE_OP_AVG;
+    seg_wait w = {c, sg, l, local, 1, terse__now_ns()};
+    terse__seg_flags *mine = sg ? terse__seg_flags_of(sg, l) : NULL;
+
+    /* the rail's digests (the host's are checked in the segment) */
+    terse__comm_next_phase(c);
+    size_t nreq = 0;
+    rh[h] = digest;
+    for (int q = 0; q < H && owner; q++) {
+        if (q == h) continue;
+        TERSE_CHECK(terse__comm_irecv(c, rail[q], terse__comm_tag(c, 0), &rh[q], sizeof(uint64_t),
+                                      TERSE__BYTES_FRAMING, &c->reqs[nreq++]));
+        TERSE_CHECK(terse__comm_isend(c, rail[q], terse__comm_tag(c, 0), &rh[h], sizeof(uint64_t),
+                                      TERSE__BYTES_FRAMING, &c->reqs[nreq++]));
+    }
+    TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
+    for (int q = 0; q < H && owner; q++)
+        if (rh[q] != digest)
+            return TERSE_ERROR(TERSE_ERR_CORRUPT,
+                               "rank %d: rank %d's codec or its cut into %u segments differs "
+                               "from this rank's '%s' (do all ranks use the same spec and "
+                               "shape?)",
+                               c->rank, rail[q], g->nranks, terse_codec_spec(codec));
+
+    codec_step st[2] = {{0}, {0}};
+    terse_status rc = TERSE_OK;
+    for (size_t t = 0; t <= T && rc == TERSE_OK; t++) {
+        if (t < T) { /* chunk t: in, the host sum, encode, the rail */
+            codec_step *x = &st[t & 1];
+            x->s = ++c->lseg_step;
+            chunk_span(g, S, t, &x->off, &x->len);
+            const int p = (int)(x->s & 1);
+            rc = terse__comm_poll_abort(c, "in the compressed hierarchical all-reduce");
+            if (rc == TERSE_OK && sg && x->s > 2) rc = wait_all(&w, FLAG_DONE, x->s - 2);
+            if (rc != TERSE_OK) break;
+            if (sg) {
+                memcpy(terse__seg_in(sg, p, l), buf + x->off, x->len * sizeof(float));
+                publish_call(mine, n, opv, digest);
+                flag_store(mine, FLAG_IN, x->s);
+                rc = wait_all(&w, FLAG_IN, x->s);
+                if (rc == TERSE_OK) rc = same_call_codec(&w, n, opv, digest);
+                if (rc != TERSE_OK) break;
+            }
+            terse__comm_next_phase(c); /* every rank: the tags agree */
+            x->nreq = 0;
+            x->req0 = (t & 1) ? TERSE__COMM_MAX_REQS / 2 : 0;
+            if (owner) {
+                const size_t sgi = CSEG(t, l), rel = g->off[sgi] - x->off, len = g->len[sgi];
+                uint64_t t0 = terse__now_ns();
+                if (sg) {
+                    x->hs = terse__seg_out(sg, p) + rel;
+                    sum_share(sg, p, rel, len, x->hs, 0, 1.0f);
+                } else {
+                    x->hs = buf + g->off[sgi];
+                }
+                size_t mlen = 0;
+                rc = terse__codec_encode_segment(codec, (uint32_t)sgi, x->hs, CMSG(t, h), slot,
+                                                 &mlen);
+                const size_t mb = terse_codec_bound(g->child[sgi]);
+                if (rc == TERSE_OK) rc = terse__codec_check_fixed(codec, c->rank, mlen, mb);
+                terse__comm_codec_time(c, t0);
+                const uint64_t tag = terse__comm_tag(c, 0);
+                for (int q = 0; q < H && rc == TERSE_OK; q++) {
+                    if (q == h) continue;
+                    rc = terse__comm_irecv(c, rail[q], tag, CMSG(t, q), mb, TERSE__BYTES_PAYLOAD,
+                                           &c->reqs[x->req0 + x->nreq++]);
+                    if (rc == TERSE_OK)
+                        rc = terse__comm_isend(c, rail[q], tag, CMSG(t, h), mb,
+                                               TERSE__BYTES_PAYLOAD,
+                                               &c->reqs[x->req0 + x->nreq++]);
+                }
+                if (rc != TERSE_OK) break;
+            }
+        }
+        if (t >= 1) { /* chunk t - 1: decode in host order, out */
+            codec_step *x = &st[(t - 1) & 1];
+            const int p = (int)(x->s & 1);
+            if (owner) {
+                rc = terse__comm_wait(c, &c->reqs[x->req0], x->nreq);
+                if (rc != TERSE_OK) break;
+                const size_t sgi = CSEG(t - 1, l);
+                const size_t mb = terse_codec_bound(g->child[sgi]);
+                uint64_t t0 = terse__now_ns();
+                for (int q = 0; q < H && rc == TERSE_OK; q++) {
+                    rc = terse__codec_decode_segment(codec, (uint32_t)sgi, CMSG(t - 1, q), mb,
+                                                     x->hs, alpha, q > 0);
+                    if (rc != TERSE_OK) {
+                        char why[400];
+                        snprintf(why, sizeof why, "%s", terse__comm_last_sentence());
+                        rc = TERSE_ERROR(rc, "rank %d: decoding rank %d's message for segment "
+                                             "%zu: %s",
+                                         c->rank, rail[q], sgi, why);
+                    }
+                }
+                terse__comm_codec_time(c, t0);
+                if (rc != TERSE_OK) break;
+            }
+            if (sg) {
+                flag_store(mine, FLAG_OUT, x->s);
+                rc = wait_all(&w, FLAG_OUT, x->s);
+                if (rc != TERSE_OK) break;
+                memcpy(buf + x->off, terse__seg_out(sg, p), x->len * sizeof(float));
+                flag_store(mine, FLAG_DONE, x->s);
+            }
+        }
+    }
+#undef CMSG
+    if (rc == TERSE_OK) terse__codec_segments_done(codec);
+    return rc;
+}
+#undef CSEG
