@@ -476,10 +476,10 @@ TERSE_API terse_status terse_wire_inspect(const void *src, size_t len,
  * A broadcast's root may return TERSE_OK before anyone found it (it only
  * sends, and its buffer is its own). Over shm the data waits for the
  * previous rank's descriptor (one hop of latency; libfabric 1.17's shm
- * spins when a longer message than was posted arrives) -- except in calls
- * that send nothing through shm (a dense all-reduce or barrier over the
- * hosts' shared segments in a job over several hosts); elsewhere the
- * descriptor travels beside the data. Options of the same codec (bucket,
+ * spins when a longer message than was posted arrives) -- except in a
+ * barrier over the hosts' shared segments in a job over several hosts,
+ * which sends nothing through shm; elsewhere the descriptor travels beside
+ * the data. Options of the same codec (bucket,
  * bits) are not compared: the data path finds those (TERSE_ERR_CORRUPT).
  *
  * Threading: start calls (blocking or _start), terse_group_start/_end and
@@ -766,7 +766,8 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * host's shared segment (TERSE_SHM_SEGMENT) -- and so are the
  * dense sums inside codecs with rounds (powersgd) or a summable view
  * (randk). Codecs whose messages travel (fp16, bf16, int8, qsgd, sign,
- * ...) and that can be cut into S segments on their buckets take
+ * ...) and that can be cut into S >= 2 segments on their buckets (S: the
+ * fewest ranks a host holds) take
  * the compressed hierarchical all-reduce under the same conditions (and
  * TERSE_COMPRESSED_ALGO auto): an exact fp32 reduce-scatter inside each
  * host, each segment's host sum encoded once by the local rank that owns
@@ -781,9 +782,10 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * per host wherever the launcher put the ranks; the all-gather is
  * hierarchical (each block to one rank on each other host -- along the
  * rails with hosts of equal size -- then inside each host), so each block
- * crosses to each other host once. With each host's shared segment
- * (TERSE_SHM_SEGMENT) the barrier is hierarchical too (arrivals in the
- * segment, a dissemination barrier among the hosts' first ranks). Other
+ * crosses to each other host once. Where the hosts have their shared
+ * segments (TERSE_SHM_SEGMENT; the conditions of the hierarchical dense
+ * all-reduce) the barrier is hierarchical too (arrivals in the segment, a
+ * dissemination barrier among the hosts' first ranks). Other
  * codecs and the parameter server run their flat algorithms over the
  * routed pairs. terse_comm_topology gives this rank's host index, local
  * rank, local size and the number of hosts (any pointer may be NULL; a

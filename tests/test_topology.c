@@ -989,6 +989,7 @@ static int hb_body(terse_comm *c, tr_out *o, const void *arg) {
     (void)arg;
     const int r = terse_comm_rank(c), N = terse_comm_size(c);
     TR_CALL(o, terse_barrier(c));
+    o->u[0] = (uint64_t)c->lseg_on;
     const double base = tr_now_ms();
     for (int i = 0; i < HB_ROUNDS; i++) {
         if ((i + r) % N == 0) usleep(20 * 1000); /* the last to arrive */
@@ -1005,6 +1006,8 @@ static void hb_check(host_setup *h, int n) {
     tr_before_init = set_host;
     tr_job job = {"tcp", n, 20000, 60, -1};
     tr_out *o = tr_run(&job, hb_body, h);
+    for (int r = 0; r < n; r++) /* the barrier over the hosts' segments ran */
+        cr_expect_eq(o[r].u[0], 1, "rank %d: the hosts' segments are not in use", r);
     for (int i = 0; i < HB_ROUNDS; i++) {
         double last_in = -1e18, first_out = 1e18;
         for (int r = 0; r < n; r++) {
@@ -1112,8 +1115,55 @@ Test(routed, allgather_on_hosts_of_unequal_size_sends_each_block_across_once) {
     tr_release(o);
     host_setup t = {.host = {"a", "b", "a", "c", "a", "b"}, .own_shm_rank = -1};
     o = run_counting(&t, 6, hier_gather_body);
-    for (int r = 0; r < 6; r++)
+    net = 0;
+    for (int r = 0; r < 6; r++) {
         cr_expect_eq(o[r].u[2], 0, "3 + 2 + 1: rank %d: %llu wrong blocks or counts", r,
                      (unsigned long long)o[r].u[2]);
+        net += o[r].u[0];
+    }
+    /* each block to each of the 2 other hosts; the size records' ring in
+     * host order crosses 3 times */
+    const uint64_t want3 = 2 * 6 * (uint64_t)RING_B + 3 * 5 * 16;
+    cr_expect_eq(net, want3, "3 + 2 + 1: the all-gather sent %llu bytes between hosts, want %llu",
+                 (unsigned long long)net, (unsigned long long)want3);
     tr_release(o);
+}
+
+/* With call descriptors on, host b passes an average where host a passes a
+ * sum (the same count): every host agrees within itself and the rail's
+ * messages are of the same length, so only the descriptors can tell --
+ * and no rank may return TERSE_OK before they did (a rank whose previous
+ * rank agrees once could, when the data did not wait for the descriptor). */
+static int hs_op_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    const char *odd = getenv("HS_ODD");
+    const int avg = odd && !strcmp(odd, "1");
+    const size_t n = 20000; /* one quick step: the data can be done before the descriptor */
+    float *y = calloc(n, sizeof(float));
+    o->u[1] = !strcmp(terse_allreduce_algorithm(c, NULL, n), "dense-hier-seg");
+    tr_say_ready(o);
+    tr_wait_all_ready(c, o);
+    o->u[0] = (uint64_t)terse_allreduce(c, y, n, NULL, avg ? TERSE_OP_AVG : TERSE_OP_SUM);
+    snprintf(o->err, sizeof o->err, "%s", terse_last_error());
+    free(y);
+    return 0;
+}
+
+Test(hier_seg, hosts_whose_ops_differ_all_fail_with_call_descriptors) {
+    host_setup h = {.host = {"a", "a", "b", "b"},
+                    .var = "HS_ODD",
+                    .val = {"0", "0", "1", "1"},
+                    .own_shm_rank = -1};
+    setenv_size(4);
+    tr_before_init = set_host;
+    for (int k = 0; k < 5; k++) {
+        tr_job job = {"tcp", 4, 5000, 60, -1};
+        tr_out *o = tr_run(&job, hs_op_body, &h);
+        for (int r = 0; r < 4; r++) {
+            cr_expect_eq(o[r].u[1], 1, "rank %d: not dense-hier-seg", r);
+            cr_expect_neq(o[r].u[0], TERSE_OK, "job %d: rank %d returned TERSE_OK although host "
+                          "b averaged where host a summed", k, r);
+        }
+        tr_release(o);
+    }
 }

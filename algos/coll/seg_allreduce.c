@@ -173,13 +173,17 @@ static terse_status wait_members(seg_wait *w, int which, uint64_t want, int upto
             terse_status s = TERSE_ERROR(
                 TERSE_ERR_TIMEOUT,
                 "rank %d: waited %d ms in the shared segment's %s (step %llu) for rank %d (pid "
-                "%lld) to publish %s, and it did not%s: it is stopped, stuck, or no longer "
-                "running the same collectives",
+                "%lld) to publish %s, and it did not%s: %s",
                 c->rank, c->timeout_ms,
                 which >= FLAG_BAR ? "barrier" : w->rank_of ? "hierarchical all-reduce" : "all-reduce",
                 (unsigned long long)want, rank_of(w, next),
                 (long long)atomic_load_explicit(&f->pid, memory_order_relaxed),
-                phase_name[which], behind);
+                phase_name[which], behind,
+                which == FLAG_REL
+                    ? "it waits for this host's ranks, then for the other hosts' first ranks: "
+                      "it, or a rank it waits for, is stopped, stuck, or no longer running the "
+                      "same collectives"
+                    : "it is stopped, stuck, or no longer running the same collectives");
             return terse__comm_explain(c, s, 0, 0);
         }
         if (now - moved < SPIN_NS) {

@@ -172,10 +172,10 @@ terse_status terse__comm_desc_start(terse_comm *c, int kind, uint64_t count, uin
      * previous rank's word. Then a rank whose size differs fails before it
      * sends anything, and so does the next rank, so no rank receives a
      * message of another length; the others hear it from the store. Costs
-     * one hop of latency per call on shm only -- and not for a call that
-     * sends nothing through shm (desc_unblocked: over each host's segment,
-     * only messages between hosts, which the network provider truncates
-     * with an error instead). */
+     * one hop of latency per call on shm only -- and not for a barrier
+     * over the hosts' segments (desc_unblocked: it sends nothing through
+     * shm, carries no count or op, and completes only if every rank is in
+     * a barrier; engine.c). */
     if (!c->desc_block || unblocked) return TERSE_OK;
     TERSE_CHECK(terse__comm_wait(c, &c->desc_req[0], 1));
     return terse__comm_desc_check(c);

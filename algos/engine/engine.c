@@ -130,14 +130,16 @@ static terse_status refuse_rejoined(const terse_comm *c, const char *what) {
 /* The call descriptor of a collective (comm_desc.c): what every rank must
  * agree on. An all-gather's sizes may differ by rank: its kind only. */
 static terse_status start_desc(terse_comm *c, terse_request *r) {
-    /* Over each host's segment a dense hierarchical all-reduce or a barrier
-     * sends nothing through shm (only rail or first-rank messages between
-     * hosts), so it need not wait for the previous rank's word first
-     * (comm_desc.c says why shm calls do): one hop less per call */
-    c->desc_unblocked =
-        c->lseg_on && (r->kind == TERSE__OP_BARRIER ||
-                       (r->kind == TERSE__OP_ALLREDUCE && !r->a.ar.codec &&
-                        terse__hier_wanted(c, r->a.ar.n) && terse__hier_seg_fits(c)));
+    /* Over each host's segments a barrier sends nothing through shm (only
+     * the first ranks' messages between hosts) and carries no count or op,
+     * and it cannot complete unless every rank is in a barrier: it need not
+     * wait for the previous rank's word first (comm_desc.c says why shm
+     * calls do), one hop less. A dense-hier-seg all-reduce still waits:
+     * ranks whose op differs between hosts (sum on one, average on the
+     * other) would see nothing wrong in their data, and the ranks whose
+     * previous rank agrees would return TERSE_OK before the others found
+     * the difference (a review measured it). */
+    c->desc_unblocked = c->lseg_on && r->kind == TERSE__OP_BARRIER;
     switch (r->kind) {
     case TERSE__OP_ALLREDUCE:
         return terse__comm_desc_start(c, r->kind, r->a.ar.n, (uint32_t)r->a.ar.op,
