@@ -775,7 +775,9 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * owner) and exchanged along its rail, decoded in host order, then an
  * fp32 all-gather inside each host; compression only between hosts, one
  * encode per host sum instead of one per rank; terse_allreduce_algorithm
- * says "codec-hier". Every rank still ends with the same bits (not the
+ * says "codec-hier" ("codec-hier-seg" for fixed-size codecs with the
+ * hosts' shared segments: the fp32 phases in the segment, in chunks of at
+ * most half a segment step). Every rank still ends with the same bits (not the
  * flat paths': another summation order). Broadcast and the rings (the
  * all-gather, the message exchanges of compressed all-reduces, the dense
  * ring) run over the ranks in host order, so they cross between hosts once
@@ -841,7 +843,8 @@ TERSE_API terse_status terse_allreduce(terse_comm *comm, float *buf, size_t n,
  * host's shared segment: TERSE_SHM_SEGMENT), "dense-rd"
  * (recursive doubling), "dense-ring", "dense-hier" (hierarchical:
  * terse_comm_topology), "dense-hier-seg" (the same, inside each host over
- * its shared segment), "codec-hier" (a codec's messages between hosts
+ * its shared segment), "codec-hier-seg" (a fixed-size codec's messages
+ * between hosts, fp32 inside each host's shared segment), "codec-hier" (a codec's messages between hosts
  * only: terse_comm_topology), "rounds", "summable", "gather",
  * "gather-pipe" (the all-gather, pipelined in pieces), "rs"
  * (the compressed reduce-scatter), "local" (one rank, dense), or "invalid"

@@ -113,13 +113,13 @@ fi
 # the hierarchical all-reduce against the flat ring.
 if [[ $(id -u) == 0 ]] && ip netns add "trh-probe-$$" 2>/dev/null; then
     ip netns del "trh-probe-$$"
-    got=$(vs_flat_rows 2x2 '^dense-hier$' -n 4 --hosts 2 --link 1gbit --provider tcp -b 1M -e 1M)
+    got=$(vs_flat_rows 2x2 '^dense-hier-seg$' -n 4 --hosts 2 --link 1gbit --provider tcp -b 1M -e 1M)
     if [[ $got != 1 ]]; then
-        echo "FAIL: --hosts 2 --vs-flat: expected 1 ok dense-hier row on 2x2, got $got"
+        echo "FAIL: --hosts 2 --vs-flat: expected 1 ok dense-hier-seg row on 2x2, got $got"
         cat "$out"
         fail=1
     else
-        echo "ok: --hosts 2 -n 4 --vs-flat: dense-hier on 2x2, $(awk -F, 'NR == 1 {
+        echo "ok: --hosts 2 -n 4 --vs-flat: dense-hier-seg on 2x2, $(awk -F, 'NR == 1 {
             for (i = 1; i <= NF; i++) col[$i] = i; next } { print "hier/flat", $col["vs_flat"] }' "$out")"
     fi
 else

@@ -316,7 +316,8 @@ class Comm(_Closing):
         host), "dense-rd", "dense-ring", "dense-hier" (hierarchical, several
         hosts), "dense-hier-seg" (the same, each host's part over its shared
         segment), "codec-hier" (a codec's messages between hosts only, fp32
-        inside them), "rounds", "summable", "gather", "gather-pipe" (the
+        inside them), "codec-hier-seg" (the same, fp32 in each host's shared
+        segment), "rounds", "summable", "gather", "gather-pipe" (the
         all-gather in pieces), "rs" (compressed reduce-scatter) or "local"
         (one rank)."""
         ch = self._codec(codec, int(n))
