@@ -186,6 +186,23 @@ int terse__codec_can_cut(const terse_codec *c, uint32_t nranks) {
     return blocks >= nranks; /* else a segment would be empty */
 }
 
+size_t terse__codec_cut_max_span(const terse_codec *c, uint32_t nranks, uint32_t group) {
+    if (!terse__codec_can_cut(c, nranks) || group == 0 || nranks % group) return SIZE_MAX;
+    const size_t align = c->ops.segment_align(c->self);
+    const size_t blocks = c->n / align + (c->n % align != 0);
+    const size_t q = blocks / nranks, rem = blocks % nranks;
+    size_t b = 0, worst = 0;
+    for (uint32_t i = 0; i < nranks; i += group) { /* as terse__codec_segments cuts */
+        size_t nb = 0;
+        for (uint32_t j = i; j < i + group; j++) nb += q + (j < rem ? 1 : 0);
+        const size_t start = b * align, end = (b + nb) * align;
+        const size_t span = (end < c->n ? end : c->n) - start;
+        if (span > worst) worst = span;
+        b += nb;
+    }
+    return worst;
+}
+
 terse_status terse__codec_segments(terse_codec *c, uint32_t nranks, uint32_t rank,
                                    const terse__segments **out) {
     *out = NULL;

@@ -59,6 +59,10 @@ typedef struct terse__segments {
 /* Nonzero if the codec's tensor can be cut into nranks non-empty
  * segments (segment_align given, and at least nranks buckets). */
 int terse__codec_can_cut(const terse_codec *c, uint32_t nranks);
+/* The largest span, in elements, of `group` consecutive segments (chunk t:
+ * segments t group .. t group + group - 1) of the cut terse__codec_segments
+ * makes with nranks parts; SIZE_MAX if it cannot cut so. No allocation. */
+size_t terse__codec_cut_max_span(const terse_codec *c, uint32_t nranks, uint32_t group);
 
 /* Prepare (or reuse) the cut for nranks ranks, this one being `rank`:
  * *out = NULL (and TERSE_OK) when the codec cannot be cut -- no

@@ -121,7 +121,9 @@ static int hier_body(terse_comm *c, tr_out *o, const void *arg) {
         o->u[8 + k] = hier ? terse__codec_hier_parts(c, codec) : 0; /* segments cut */
         if (!o->u[k]) snprintf(o->err, sizeof o->err, "%s: %s", cases[k].spec, algo);
         rank_input(r, y);
+        const uint64_t steps0 = c->lseg_step;
         TR_CALL(o, terse_allreduce(c, y, NE, codec, TERSE_OP_AVG));
+        o->u[16 + k] = c->lseg_step - steps0; /* the segments' steps it ran: the path taken */
         o->hash[k] = tr_hash(y, NE * sizeof *y);
         double err = 0;
         for (size_t i = 0; i < NE; i++) {
@@ -198,6 +200,10 @@ static void check_hier(tr_out *o, const hjob *j) {
                       want_algo, o[r].err);
             cr_expect_eq(o[r].hash[k], o[0].hash[k], "%s: rank %d's bits differ from rank 0's",
                          cases[k].spec, r);
+            /* over the segments exactly when the name says so */
+            const int on_seg = j->seg && strncmp(cases[k].spec, "topk", 4) != 0;
+            cr_expect_eq(o[r].u[16 + k] > 0, on_seg, "%s: rank %d ran %llu segment steps", cases[k].spec,
+                         r, (unsigned long long)o[r].u[16 + k]);
             if (j->pipelined && strncmp(cases[k].spec, "topk", 4) != 0)
                 cr_expect_gt(o[r].u[8 + k], 2, "%s: rank %d: not pipelined (%d segments)",
                              cases[k].spec, r, (int)o[r].u[8 + k]);
@@ -379,7 +385,8 @@ static int kill_body(terse_comm *c, tr_out *o, const void *arg) {
     if (!y || !keep) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
     tu_fill_gauss(y, n, 77 + (uint64_t)terse_comm_rank(c));
     TR_CALL(o, terse_allreduce(c, y, n, codec, TERSE_OP_AVG));
-    o->hash[1] = kill_seg ? !strcmp(terse_allreduce_algorithm(c, codec, n), "codec-hier-seg")
+    o->hash[1] = kill_seg ? !strcmp(terse_allreduce_algorithm(c, codec, n), "codec-hier-seg") &&
+                                c->lseg_step > 0 /* the first call ran over the segments */
                           : !strcmp(terse_allreduce_algorithm(c, codec, n), "codec-hier") &&
                                 terse__codec_hier_parts(c, codec) == 2;
     tr_say_ready(o);
@@ -471,5 +478,46 @@ Test(codec_hier, a_stopped_rank_fails_every_survivor_over_the_segments) {
                 terse_status_name(s), o[r].val[0], o[r].err);
     }
     cr_expect(strstr(o[2].err, "rank 3"), "rank 2 does not name rank 3: %s", o[2].err);
+    tr_release(o);
+}
+
+/* A cut whose chunks cannot fit a segment step (int8 in buckets of 64 Ki
+ * floats on 120300 elements: two buckets; steps of 16 Ki floats): the name
+ * says codec-hier, the segments run no step, and every rank gets the same
+ * bits. */
+static int big_bucket_body(terse_comm *c, tr_out *o, const void *arg) {
+    (void)arg;
+    terse_codec *codec = NULL;
+    TR_CALL(o, terse_codec_create("int8:bucket=65536", ROWS, COLS, &codec));
+    float *y = malloc(NE * sizeof *y);
+    if (!y) return tr_fail(o, TERSE_ERR_NOMEM, "malloc");
+    rank_input(terse_comm_rank(c), y);
+    o->u[0] = !strcmp(terse_allreduce_algorithm(c, codec, NE), "codec-hier");
+    const uint64_t steps0 = c->lseg_step;
+    TR_CALL(o, terse_allreduce(c, y, NE, codec, TERSE_OP_AVG));
+    o->u[1] = c->lseg_step - steps0;
+    o->u[2] = c->lseg_on;
+    o->hash[0] = tr_hash(y, NE * sizeof *y);
+    free(y);
+    terse_codec_free(codec);
+    return 0;
+}
+
+Test(codec_hier, a_cut_too_coarse_for_a_segment_step_takes_codec_hier_and_says_so) {
+    unsetenv("TERSE_TOPOLOGY");
+    unsetenv("TERSE_COMPRESSED_ALGO");
+    setenv("TERSE_SEGMENT_STEP_BYTES", "65536", 1);
+    tr_before_init = set_host;
+    tr_job job = {"tcp", NR, 20000, 60, -1};
+    tr_out *o = tr_run(&job, big_bucket_body, &two_by_two);
+    unsetenv("TERSE_SEGMENT_STEP_BYTES");
+    for (int r = 0; r < NR; r++) {
+        cr_assert(o[r].finished && o[r].status == 0, "rank %d failed: %s", r, o[r].err);
+        cr_expect_eq(o[r].u[2], 1, "rank %d: no segments", r);
+        cr_expect_eq(o[r].u[0], 1, "rank %d: the name is not codec-hier", r);
+        cr_expect_eq(o[r].u[1], 0, "rank %d ran %llu segment steps", r,
+                     (unsigned long long)o[r].u[1]);
+        cr_expect_eq(o[r].hash[0], o[0].hash[0], "rank %d's bits differ from rank 0's", r);
+    }
     tr_release(o);
 }

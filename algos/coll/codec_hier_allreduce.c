@@ -63,18 +63,31 @@ int terse__codec_hier_wanted(const terse_comm *c, const terse_codec *codec) {
     return terse__codec_can_cut(codec, (uint32_t)c->local_min);
 }
 
-int terse__codec_hier_seg_ok(const terse_comm *c, const terse_codec *codec) {
+/* The segments are there and the codec is of fixed size: the cut aims at
+ * chunks of half a segment step (terse__codec_hier_parts). */
+static int seg_base_ok(const terse_comm *c, const terse_codec *codec) {
     return terse__hier_seg_fits(c) && terse__codec_fixed_size(codec);
+}
+
+/* ... and that cut's chunks fit a step (bucket rounding or the cap on
+ * chunks could make one larger; then the pipelined codec-hier runs on the
+ * same cut). From the codec's spec and the host table only: every rank
+ * whose codec has the same options decides alike. */
+int terse__codec_hier_seg_ok(const terse_comm *c, const terse_codec *codec) {
+    if (!seg_base_ok(c, codec)) return 0;
+    const size_t B = terse__comm_seg_step_bytes(c) / sizeof(float);
+    return terse__codec_cut_max_span(codec, terse__codec_hier_parts(c, codec),
+                                     (uint32_t)c->local_min) <= B;
 }
 
 uint32_t terse__codec_hier_parts(const terse_comm *c, const terse_codec *codec) {
     const size_t L = (size_t)c->local_min, n = terse_codec_elements(codec);
     if (!terse__codec_fixed_size(codec)) return (uint32_t)L; /* lengths travel: one chunk */
     size_t T;
-    if (terse__codec_hier_seg_ok(c, codec)) {
-        /* over the segments: chunks of at most half a segment step, so
-         * that the cut's bucket alignment keeps each within a step
-         * (terse__codec_hier_seg_fits checks) */
+    if (seg_base_ok(c, codec)) {
+        /* over the segments: chunks of about half a segment step, so that
+         * the cut's bucket rounding keeps each within a step
+         * (terse__codec_hier_seg_ok checks) */
         const size_t half = terse__comm_seg_step_bytes(c) / sizeof(float) / 2;
         T = (n + half - 1) / half;
     } else {
@@ -138,12 +151,14 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
     }
     TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
     for (int j = 0; j < L; j++)
-        if (hello[j] != digest)
+        if (hello[j] != digest) {
+            c->desc_failed = c->desc_on; /* told to the others through the store */
             return TERSE_ERROR(TERSE_ERR_CORRUPT,
                                "rank %d: rank %d's codec or its cut into %d segments differs "
                                "from this rank's '%s' (do all ranks use the same spec and "
                                "shape?)",
                                c->rank, local[j], L, terse_codec_spec(codec));
+        }
 
     /* 2. reduce-scatter inside the host: our segment's L copies, summed in
      * local-rank order into buf; every local rank sends segment j to its
@@ -197,12 +212,14 @@ terse_status terse__allreduce_codec_hier(terse_comm *c, float *buf, size_t n, te
     TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
     const size_t bound = terse_codec_bound(g->child[l]);
     for (int q = 0; q < H; q++) {
-        if (hdr[2 * q + 1] != digest)
+        if (hdr[2 * q + 1] != digest) {
+            c->desc_failed = c->desc_on; /* told to the others through the store */
             return TERSE_ERROR(TERSE_ERR_CORRUPT,
                                "rank %d: rank %d's codec or its cut into %d segments differs "
                                "from this rank's '%s' (do all ranks use the same spec and "
                                "shape?)",
                                c->rank, rail[q], L, terse_codec_spec(codec));
+        }
         if (hdr[2 * q] < TERSE_WIRE_HEADER_SIZE || hdr[2 * q] > bound)
             return TERSE_ERROR(TERSE_ERR_CORRUPT,
                                "rank %d: rank %d announces a %llu-byte message for segment %d, "
@@ -314,13 +331,15 @@ static terse_status pipelined(terse_comm *c, float *buf, terse_codec *codec, ter
     }
     TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
     for (int k = 0; k < (owner ? L + H : L); k++)
-        if (hello[k] != digest)
+        if (hello[k] != digest) {
+            c->desc_failed = c->desc_on; /* told to the others through the store */
             return TERSE_ERROR(TERSE_ERR_CORRUPT,
                                "rank %d: rank %d's codec or its cut into %u segments differs "
                                "from this rank's '%s' (do all ranks use the same spec and "
                                "shape?)",
                                c->rank, k < L ? local[k] : rail[k - L], g->nranks,
                                terse_codec_spec(codec));
+        }
 
     for (size_t t = 0; t < T + 2; t++) {
         terse__comm_next_phase(c);

@@ -377,6 +377,33 @@ static void sum_hosts(float *restrict dst, float *const *from, int H, int h, siz
     }
 }
 
+/* The time of a call over the hosts' segments: the codec's sums and the
+ * transport's waits count themselves (codec_seconds, network_seconds);
+ * the rest -- the copies and the waits in the segment -- counts as network
+ * time, as on one host, so that the two add up to the call's wall time. */
+typedef struct {
+    uint64_t t0;
+    double net0, codec0;
+} call_clock;
+
+static call_clock clock_start(terse_comm *c) {
+    call_clock k = {terse__now_ns(), 0, 0};
+    pthread_mutex_lock(&c->stats_lock);
+    k.net0 = c->stats.network_seconds;
+    k.codec0 = c->stats.codec_seconds;
+    pthread_mutex_unlock(&c->stats_lock);
+    return k;
+}
+
+static void clock_end(terse_comm *c, const call_clock *k) {
+    const double all = (double)(terse__now_ns() - k->t0) * 1e-9;
+    pthread_mutex_lock(&c->stats_lock);
+    const double counted =
+        (c->stats.network_seconds - k->net0) + (c->stats.codec_seconds - k->codec0);
+    if (all > counted) c->stats.network_seconds += all - counted;
+    pthread_mutex_unlock(&c->stats_lock);
+}
+
 typedef struct {
     uint64_t s;  /* its step number */
     size_t off, m; /* its slice of the buffer */
@@ -400,6 +427,7 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
     seg_wait w = {c, g, l, local, 1, terse__now_ns()};
     terse__seg_flags *mine = g ? terse__seg_flags_of(g, l) : NULL;
     const size_t nsteps = (n + B - 1) / B;
+    const call_clock clk = clock_start(c);
     hier_step st[2] = {{0}, {0}};
     terse_status rc = TERSE_OK;
     for (size_t t = 0; t <= nsteps && rc == TERSE_OK; t++) {
@@ -473,6 +501,7 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
             }
         }
     }
+    clock_end(c, &clk);
     return rc;
 }
 
@@ -584,6 +613,7 @@ terse_status terse__allreduce_codec_hier_seg(terse_comm *c, float *buf, terse_co
     const uint64_t n = terse_codec_elements(codec), opv = op == TERSE_OP_AVG;
     seg_wait w = {c, sg, l, local, 1, terse__now_ns()};
     terse__seg_flags *mine = sg ? terse__seg_flags_of(sg, l) : NULL;
+    const call_clock clk = clock_start(c);
 
     /* the rail's digests (the host's are checked in the segment) */
     terse__comm_next_phase(c);
@@ -598,12 +628,14 @@ terse_status terse__allreduce_codec_hier_seg(terse_comm *c, float *buf, terse_co
     }
     TERSE_CHECK(terse__comm_wait(c, c->reqs, nreq));
     for (int q = 0; q < H && owner; q++)
-        if (rh[q] != digest)
+        if (rh[q] != digest) {
+            c->desc_failed = c->desc_on; /* told to the others through the store */
             return TERSE_ERROR(TERSE_ERR_CORRUPT,
                                "rank %d: rank %d's codec or its cut into %u segments differs "
                                "from this rank's '%s' (do all ranks use the same spec and "
                                "shape?)",
                                c->rank, rail[q], g->nranks, terse_codec_spec(codec));
+        }
 
     codec_step st[2] = {{0}, {0}};
     terse_status rc = TERSE_OK;
@@ -689,6 +721,7 @@ terse_status terse__allreduce_codec_hier_seg(terse_comm *c, float *buf, terse_co
     }
 #undef CMSG
     if (rc == TERSE_OK) terse__codec_segments_done(codec);
+    clock_end(c, &clk);
     return rc;
 }
 #undef CSEG
