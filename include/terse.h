@@ -776,8 +776,8 @@ TERSE_API const char *terse_comm_provider(const terse_comm *comm);
  * fp32 all-gather inside each host; compression only between hosts, one
  * encode per host sum instead of one per rank; terse_allreduce_algorithm
  * says "codec-hier" ("codec-hier-seg" for fixed-size codecs with the
- * hosts' shared segments: the fp32 phases in the segment, in chunks of at
- * most half a segment step). Every rank still ends with the same bits (not the
+ * hosts' shared segments, where the codec's cut gives chunks that fit a
+ * segment step: the fp32 phases in the segment). Every rank still ends with the same bits (not the
  * flat paths': another summation order). Broadcast and the rings (the
  * all-gather, the message exchanges of compressed all-reduces, the dense
  * ring) run over the ranks in host order, so they cross between hosts once
