@@ -232,13 +232,16 @@ static void check_hier(tr_out *o, const hjob *j) {
     }
 }
 
-Test(codec_hier, two_hosts_of_two_int8_qsgd_fp16, .timeout = 300) {
+/* A job under the default topology and compressed algorithm, checked. */
+static void check_job(const hjob *j) {
     unsetenv("TERSE_TOPOLOGY");
     unsetenv("TERSE_COMPRESSED_ALGO");
-    tr_out *o = run_hier(&two_by_two);
-    check_hier(o, &two_by_two);
+    tr_out *o = run_hier(j);
+    check_hier(o, j);
     tr_release(o);
 }
+
+Test(codec_hier, two_hosts_of_two_int8_qsgd_fp16, .timeout = 300) { check_job(&two_by_two); }
 
 Test(codec_hier, topology_flat_keeps_the_flat_path, .timeout = 300) {
     setenv("TERSE_TOPOLOGY", "flat", 1);
@@ -253,85 +256,53 @@ Test(codec_hier, topology_flat_keeps_the_flat_path, .timeout = 300) {
 /* Three hosts of two, interleaved: three messages a rail, whose decode
  * order shows in the bits. */
 Test(codec_hier, three_hosts_of_two_interleaved, .timeout = 300) {
-    unsetenv("TERSE_TOPOLOGY");
-    unsetenv("TERSE_COMPRESSED_ALGO");
     const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 0, 0};
-    tr_out *o = run_hier(&j);
-    check_hier(o, &j);
-    tr_release(o);
+    check_job(&j);
 }
 
 /* The same, pipelined: fixed-size codecs cut into chunks of L segments
  * (topk, whose lengths travel, stays whole). */
 Test(codec_hier, two_hosts_of_two_pipelined, .timeout = 300) {
-    unsetenv("TERSE_TOPOLOGY");
-    unsetenv("TERSE_COMPRESSED_ALGO");
     hjob j = two_by_two;
     j.pipelined = 1;
-    tr_out *o = run_hier(&j);
-    check_hier(o, &j);
-    tr_release(o);
+    check_job(&j);
 }
 
 Test(codec_hier, three_hosts_of_two_pipelined, .timeout = 300) {
-    unsetenv("TERSE_TOPOLOGY");
-    unsetenv("TERSE_COMPRESSED_ALGO");
     const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 1, 0};
-    tr_out *o = run_hier(&j);
-    check_hier(o, &j);
-    tr_release(o);
+    check_job(&j);
 }
 
 /* Hosts of unequal size, 3 + 2 interleaved (b a b a b): two segments, owned
  * by local ranks 0 and 1 of each host; host b's third rank sends its copies
  * to them and gets the result back. Whole and pipelined. */
 Test(codec_hier, hosts_of_three_and_two, .timeout = 300) {
-    unsetenv("TERSE_TOPOLOGY");
-    unsetenv("TERSE_COMPRESSED_ALGO");
     const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 0, 0};
-    tr_out *o = run_hier(&j);
-    check_hier(o, &j);
-    tr_release(o);
+    check_job(&j);
 }
 
 Test(codec_hier, hosts_of_three_and_two_pipelined, .timeout = 300) {
-    unsetenv("TERSE_TOPOLOGY");
-    unsetenv("TERSE_COMPRESSED_ALGO");
     const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 1, 0};
-    tr_out *o = run_hier(&j);
-    check_hier(o, &j);
-    tr_release(o);
+    check_job(&j);
 }
 
 /* Over each host's shared segment (codec-hier-seg for the fixed-size
  * codecs; topk stays on codec-hier): 2 x 2 in one chunk, 3 hosts of 2 and
  * 3 + 2 in chunks of 8 Ki floats (TERSE_SEGMENT_STEP_BYTES=64K). */
 Test(codec_hier, two_hosts_of_two_over_the_segments, .timeout = 300) {
-    unsetenv("TERSE_TOPOLOGY");
-    unsetenv("TERSE_COMPRESSED_ALGO");
     hjob j = two_by_two;
     j.seg = 1;
-    tr_out *o = run_hier(&j);
-    check_hier(o, &j);
-    tr_release(o);
+    check_job(&j);
 }
 
 Test(codec_hier, three_hosts_of_two_over_the_segments_in_chunks, .timeout = 300) {
-    unsetenv("TERSE_TOPOLOGY");
-    unsetenv("TERSE_COMPRESSED_ALGO");
     const hjob j = {"codec-hier", 6, {"a", "b", "c", "a", "b", "c"}, 1, 1};
-    tr_out *o = run_hier(&j);
-    check_hier(o, &j);
-    tr_release(o);
+    check_job(&j);
 }
 
 Test(codec_hier, hosts_of_three_and_two_over_the_segments_in_chunks, .timeout = 300) {
-    unsetenv("TERSE_TOPOLOGY");
-    unsetenv("TERSE_COMPRESSED_ALGO");
     const hjob j = {"codec-hier", 5, {"b", "a", "b", "a", "b"}, 1, 1};
-    tr_out *o = run_hier(&j);
-    check_hier(o, &j);
-    tr_release(o);
+    check_job(&j);
 }
 
 /* Rank 3's codec is bound to another size: every rank fails with

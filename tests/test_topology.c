@@ -958,11 +958,11 @@ static int hs_odd_body(terse_comm *c, tr_out *o, const void *arg) {
     return 0;
 }
 
-Test(hier_seg, calls_that_differ_fail_without_call_descriptors) {
-    host_setup h = {.host = {"a", "a", "b", "b"},
-                    .var = "HS_ODD",
-                    .val = {"0", "0", "0", "1"},
-                    .own_shm_rank = -1};
+/* 2 + 2 hosts without call descriptors, HS_ODD per rank (odd: "1"); every
+ * rank must fail. */
+static tr_out *hs_run_odd(const char *const odd[4], const char *what) {
+    host_setup h = {.host = {"a", "a", "b", "b"}, .var = "HS_ODD", .own_shm_rank = -1};
+    for (int r = 0; r < 4; r++) h.val[r] = odd[r];
     setenv_size(4);
     setenv("TERSE_CHECK_CALLS", "off", 1);
     tr_before_init = set_host;
@@ -971,8 +971,14 @@ Test(hier_seg, calls_that_differ_fail_without_call_descriptors) {
     unsetenv("TERSE_CHECK_CALLS");
     for (int r = 0; r < 4; r++) {
         cr_expect_neq(o[r].u[0], TERSE_OK, "rank %d returned TERSE_OK from calls that differ", r);
-        fprintf(stderr, "hier-seg odd call: rank %d: %s\n", r, o[r].err);
+        fprintf(stderr, "hier-seg %s: rank %d: %s\n", what, r, o[r].err);
     }
+    return o;
+}
+
+Test(hier_seg, calls_that_differ_fail_without_call_descriptors) {
+    static const char *const odd[4] = {"0", "0", "0", "1"};
+    tr_out *o = hs_run_odd(odd, "odd call");
     cr_expect(o[2].u[0] == TERSE_ERR_SHAPE || o[3].u[0] == TERSE_ERR_SHAPE,
               "neither rank of host b names the difference: %s | %s", o[2].err, o[3].err);
     tr_release(o);
@@ -1077,21 +1083,8 @@ Test(hier_seg, a_rank_stopped_before_a_barrier_fails_every_survivor) {
  * b's ranks both pass the other count): the rail's messages differ in
  * length, which the transport refuses; no rank returns TERSE_OK. */
 Test(hier_seg, hosts_that_differ_fail_without_call_descriptors) {
-    host_setup h = {.host = {"a", "a", "b", "b"},
-                    .var = "HS_ODD",
-                    .val = {"0", "0", "1", "1"},
-                    .own_shm_rank = -1};
-    setenv_size(4);
-    setenv("TERSE_CHECK_CALLS", "off", 1);
-    tr_before_init = set_host;
-    tr_job job = {"tcp", 4, 3000, 60, -1};
-    tr_out *o = tr_run(&job, hs_odd_body, &h);
-    unsetenv("TERSE_CHECK_CALLS");
-    for (int r = 0; r < 4; r++) {
-        cr_expect_neq(o[r].u[0], TERSE_OK, "rank %d returned TERSE_OK from calls that differ", r);
-        fprintf(stderr, "hier-seg hosts differ: rank %d: %s\n", r, o[r].err);
-    }
-    tr_release(o);
+    static const char *const odd[4] = {"0", "0", "1", "1"};
+    tr_release(hs_run_odd(odd, "hosts differ"));
 }
 
 /* The hierarchical all-gather on hosts of unequal size: 2 + 3 interleaved

@@ -203,15 +203,6 @@ static terse_status wait_all(seg_wait *w, int which, uint64_t want) {
     return wait_members(w, which, want, terse__seg_members(w->g));
 }
 
-/* After the inputs of a step are in: every member runs the same call (its
- * element count and op), else TERSE_ERR_SHAPE naming the first that does
- * not -- with TERSE_CHECK_CALLS=off nothing else would notice, and ranks
- * with other counts would run other numbers of steps and mix their data. */
-static terse_status same_call_codec(const seg_wait *w, uint64_t n, uint64_t op, uint64_t codec);
-static terse_status same_call(const seg_wait *w, uint64_t n, uint64_t op) {
-    return same_call_codec(w, n, op, 0);
-}
-
 /* Publish this member's call (before its input's release). */
 static void publish_call(terse__seg_flags *mine, uint64_t n, uint64_t op, uint64_t codec) {
     atomic_store_explicit(&mine->call_n, n, memory_order_relaxed);
@@ -219,8 +210,12 @@ static void publish_call(terse__seg_flags *mine, uint64_t n, uint64_t op, uint64
     atomic_store_explicit(&mine->call_codec, codec, memory_order_relaxed);
 }
 
-/* The same with a codec (its cut digest: the spec, element count and cut;
- * 0 for none): TERSE_ERR_CODEC_MISMATCH naming the first member whose
+/* After the inputs of a step are in: every member runs the same call (its
+ * element count and op), else TERSE_ERR_SHAPE naming the first that does
+ * not -- with TERSE_CHECK_CALLS=off nothing else would notice, and ranks
+ * with other counts would run other numbers of steps and mix their data;
+ * and the same codec (its cut digest: the spec, element count and cut; 0
+ * for none), else TERSE_ERR_CODEC_MISMATCH naming the first member whose
  * codec or cut differs. */
 static terse_status same_call_codec(const seg_wait *w, uint64_t n, uint64_t op, uint64_t codec) {
     terse_comm *c = w->c;
@@ -271,11 +266,40 @@ static void sum_share(terse__seg *g, int parity, size_t off, size_t len, float *
         for (size_t i = 0; i < len; i++) dst[i] /= divisor;
 }
 
+/* A step's way in, on every path over a segment: once every member has
+ * finished step s - 2 (the last one of this parity), copy len floats from
+ * src into this member's input block, publish the call (count, op, codec
+ * digest) and in = s, wait for every member's input, and check that every
+ * member runs the same call. */
+static terse_status step_in(seg_wait *w, uint64_t s, const float *src, size_t len, uint64_t n,
+                            uint64_t op, uint64_t codec) {
+    terse__seg_flags *mine = terse__seg_flags_of(w->g, w->me);
+    terse_status st = s > 2 ? wait_all(w, FLAG_DONE, s - 2) : TERSE_OK;
+    if (st != TERSE_OK) return st;
+    memcpy(terse__seg_in(w->g, (int)(s & 1), w->me), src, len * sizeof(float));
+    publish_call(mine, n, op, codec);
+    flag_store(mine, FLAG_IN, s);
+    st = wait_all(w, FLAG_IN, s);
+    return st == TERSE_OK ? same_call_codec(w, n, op, codec) : st;
+}
+
+/* ... and its way out, once this member's part of the output block is
+ * written: out = s, wait for every member's, copy len floats of the output
+ * block to dst, done = s. */
+static terse_status step_out(seg_wait *w, uint64_t s, float *dst, size_t len) {
+    terse__seg_flags *mine = terse__seg_flags_of(w->g, w->me);
+    flag_store(mine, FLAG_OUT, s);
+    terse_status st = wait_all(w, FLAG_OUT, s);
+    if (st != TERSE_OK) return st;
+    memcpy(dst, terse__seg_out(w->g, (int)(s & 1)), len * sizeof(float));
+    flag_store(mine, FLAG_DONE, s);
+    return TERSE_OK;
+}
+
 terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divide) {
     terse__seg *g = c->seg;
     const int L = terse__seg_members(g), me = c->rank;
     const size_t B = terse__seg_step_floats(g);
-    terse__seg_flags *mine = terse__seg_flags_of(g, me);
     const uint64_t t_start = terse__now_ns();
     seg_wait w = {c, g, me, NULL, 0, t_start};
     double busy = 0;
@@ -286,24 +310,14 @@ terse_status terse__allreduce_seg(terse_comm *c, float *buf, size_t n, int divid
         const int p = (int)(s & 1);
         /* the abort flag at every step, however quick the waits */
         st = terse__comm_poll_abort(c, "in the shared segment's all-reduce");
-        if (st == TERSE_OK && s > 2) st = wait_all(&w, FLAG_DONE, s - 2);
-        if (st != TERSE_OK) break;
-        memcpy(terse__seg_in(g, p, me), buf + off, m * sizeof(float));
-        publish_call(mine, (uint64_t)n, (uint64_t)divide, 0);
-        flag_store(mine, FLAG_IN, s);
-        st = wait_all(&w, FLAG_IN, s);
-        if (st == TERSE_OK) st = same_call(&w, (uint64_t)n, (uint64_t)divide);
+        if (st == TERSE_OK) st = step_in(&w, s, buf + off, m, (uint64_t)n, (uint64_t)divide, 0);
         if (st != TERSE_OK) break;
         size_t po, pl;
         terse__part(m, (size_t)L, (size_t)me, &po, &pl);
         uint64_t t0 = terse__now_ns();
         sum_share(g, p, po, pl, terse__seg_out(g, p) + po, divide, (float)c->nranks);
         busy += (double)(terse__now_ns() - t0) * 1e-9;
-        flag_store(mine, FLAG_OUT, s);
-        st = wait_all(&w, FLAG_OUT, s);
-        if (st != TERSE_OK) break;
-        memcpy(buf + off, terse__seg_out(g, p), m * sizeof(float));
-        flag_store(mine, FLAG_DONE, s);
+        st = step_out(&w, s, buf + off, m);
     }
     /* the sums count as codec time, the rest (copies, waits, the store's
      * polls) as network time, as the transport's paths count them */
@@ -425,7 +439,6 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
     float *tmp = terse__comm_scratch(c, 3, 2 * (size_t)H * shard_max * sizeof(float));
     if (!tmp) return TERSE_ERR_NOMEM;
     seg_wait w = {c, g, l, local, 1, terse__now_ns()};
-    terse__seg_flags *mine = g ? terse__seg_flags_of(g, l) : NULL;
     const size_t nsteps = (n + B - 1) / B;
     const call_clock clk = clock_start(c);
     hier_step st[2] = {{0}, {0}};
@@ -439,16 +452,9 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
             x->m = n - x->off < B ? n - x->off : B;
             const int p = (int)(x->s & 1);
             rc = terse__comm_poll_abort(c, "in the hierarchical all-reduce");
-            if (rc == TERSE_OK && g && x->s > 2) rc = wait_all(&w, FLAG_DONE, x->s - 2);
+            if (rc == TERSE_OK && g)
+                rc = step_in(&w, x->s, buf + x->off, x->m, (uint64_t)n, (uint64_t)divide, 0);
             if (rc != TERSE_OK) break;
-            if (g) {
-                memcpy(terse__seg_in(g, p, l), buf + x->off, x->m * sizeof(float));
-                publish_call(mine, (uint64_t)n, (uint64_t)divide, 0);
-                flag_store(mine, FLAG_IN, x->s);
-                rc = wait_all(&w, FLAG_IN, x->s);
-                if (rc == TERSE_OK) rc = same_call(&w, (uint64_t)n, (uint64_t)divide);
-                if (rc != TERSE_OK) break;
-            }
             terse__comm_next_phase(c); /* every rank, owner or not: the tags agree */
             x->nreq = 0;
             x->req0 = (t & 1) ? TERSE__COMM_MAX_REQS / 2 : 0;
@@ -482,7 +488,6 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
         /* phase 3 of step t - 1 */
         if (t >= 1) {
             hier_step *x = &st[(t - 1) & 1];
-            const int p = (int)(x->s & 1);
             if (owner) {
                 rc = terse__comm_wait(c, &c->reqs[x->req0], x->nreq);
                 if (rc != TERSE_OK) break;
@@ -492,13 +497,7 @@ terse_status terse__allreduce_hier_seg(terse_comm *c, float *buf, size_t n, int 
                 sum_hosts(x->hsum, from, H, h, x->hlen, divide, (float)c->nranks);
                 terse__comm_codec_time(c, t0);
             }
-            if (g) {
-                flag_store(mine, FLAG_OUT, x->s);
-                rc = wait_all(&w, FLAG_OUT, x->s);
-                if (rc != TERSE_OK) break;
-                memcpy(buf + x->off, terse__seg_out(g, p), x->m * sizeof(float));
-                flag_store(mine, FLAG_DONE, x->s);
-            }
+            if (g) rc = step_out(&w, x->s, buf + x->off, x->m);
         }
     }
     clock_end(c, &clk);
@@ -612,7 +611,6 @@ terse_status terse__allreduce_codec_hier_seg(terse_comm *c, float *buf, terse_co
     const float alpha = op == TERSE_OP_AVG ? 1.0f / (float)c->nranks : 1.0f;
     const uint64_t n = terse_codec_elements(codec), opv = op == TERSE_OP_AVG;
     seg_wait w = {c, sg, l, local, 1, terse__now_ns()};
-    terse__seg_flags *mine = sg ? terse__seg_flags_of(sg, l) : NULL;
     const call_clock clk = clock_start(c);
 
     /* the rail's digests (the host's are checked in the segment) */
@@ -646,16 +644,8 @@ terse_status terse__allreduce_codec_hier_seg(terse_comm *c, float *buf, terse_co
             chunk_span(g, S, t, &x->off, &x->len);
             const int p = (int)(x->s & 1);
             rc = terse__comm_poll_abort(c, "in the compressed hierarchical all-reduce");
-            if (rc == TERSE_OK && sg && x->s > 2) rc = wait_all(&w, FLAG_DONE, x->s - 2);
+            if (rc == TERSE_OK && sg) rc = step_in(&w, x->s, buf + x->off, x->len, n, opv, digest);
             if (rc != TERSE_OK) break;
-            if (sg) {
-                memcpy(terse__seg_in(sg, p, l), buf + x->off, x->len * sizeof(float));
-                publish_call(mine, n, opv, digest);
-                flag_store(mine, FLAG_IN, x->s);
-                rc = wait_all(&w, FLAG_IN, x->s);
-                if (rc == TERSE_OK) rc = same_call_codec(&w, n, opv, digest);
-                if (rc != TERSE_OK) break;
-            }
             terse__comm_next_phase(c); /* every rank: the tags agree */
             x->nreq = 0;
             x->req0 = (t & 1) ? TERSE__COMM_MAX_REQS / 2 : 0;
@@ -689,7 +679,6 @@ terse_status terse__allreduce_codec_hier_seg(terse_comm *c, float *buf, terse_co
         }
         if (t >= 1) { /* chunk t - 1: decode in host order, out */
             codec_step *x = &st[(t - 1) & 1];
-            const int p = (int)(x->s & 1);
             if (owner) {
                 rc = terse__comm_wait(c, &c->reqs[x->req0], x->nreq);
                 if (rc != TERSE_OK) break;
@@ -710,13 +699,7 @@ terse_status terse__allreduce_codec_hier_seg(terse_comm *c, float *buf, terse_co
                 terse__comm_codec_time(c, t0);
                 if (rc != TERSE_OK) break;
             }
-            if (sg) {
-                flag_store(mine, FLAG_OUT, x->s);
-                rc = wait_all(&w, FLAG_OUT, x->s);
-                if (rc != TERSE_OK) break;
-                memcpy(buf + x->off, terse__seg_out(sg, p), x->len * sizeof(float));
-                flag_store(mine, FLAG_DONE, x->s);
-            }
+            if (sg) rc = step_out(&w, x->s, buf + x->off, x->len);
         }
     }
 #undef CMSG
